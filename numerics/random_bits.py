@@ -1,0 +1,98 @@
+"""Reproducible uniform random 32-bit words for stochastic rounding.
+
+Two generators, both pure functions of a JAX PRNG key and the element's row-major
+index (so a Pallas kernel, a sharded run and the jnp reference draw the same bits):
+
+* ``"hash"`` (default): a counter-based hash. Word ``i`` is
+  ``lowbias32(lowbias32(i + s0) ^ s1)`` where ``(s0, s1)`` are two 32-bit words taken
+  from the key and ``lowbias32`` is C. Wellons' 32-bit integer finalizer (two
+  multiply-xorshift rounds, measured avalanche bias 0.17%). It is a bijection of the
+  index for a fixed key, so one array never repeats a word; it needs only 32-bit
+  integer multiplies, so XLA fuses it into the rounding and it costs about as much as
+  the memory traffic. Trade-off: it is not a cryptographic or BigCrush-certified
+  generator, arrays are limited to 2^32 elements per key, and two keys whose words
+  collide give equal streams (probability 2^-64 per pair). The tests check bit
+  balance, byte uniformity, neighbour and cross-key correlation with stated
+  false-failure rates. It is what stochastic rounding needs: uniform, independent
+  bits per element, reproducible from a key.
+* ``"threefry"``: ``jax.random.bits`` (Threefry-2x32, 20 rounds), the JAX standard.
+  Statistically stronger, about 7-12x slower than ``"hash"`` on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Method = Literal["hash", "threefry"]
+METHODS = ("hash", "threefry")
+
+_M1 = np.uint32(0x7FEB352D)
+_M2 = np.uint32(0x846CA68B)
+
+
+def lowbias32(x: jax.Array) -> jax.Array:
+  """Wellons' lowbias32 integer hash on uint32 (a bijection of 2^32)."""
+  x = x ^ (x >> 16)
+  x = x * _M1
+  x = x ^ (x >> 15)
+  x = x * _M2
+  return x ^ (x >> 16)
+
+
+def key_to_seeds(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Two uint32 scalar seeds from a typed (``jax.random.key``) or raw uint32 key."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    data = jax.random.key_data(key)
+  else:
+    data = key
+    if data.dtype != jnp.uint32:
+      raise TypeError(f"key must be a JAX PRNG key or uint32 key data, got {key.dtype}")
+  data = data.reshape(-1)
+  if data.shape[0] < 2:
+    raise ValueError(f"key data must have at least 2 words, got shape {key.shape}")
+  s0, s1 = data[0], data[1]
+  for i in range(2, data.shape[0]):  # rbg keys carry 4 words: fold the rest in
+    if i % 2 == 0:
+      s0 = lowbias32(s0 ^ data[i])
+    else:
+      s1 = lowbias32(s1 ^ data[i])
+  return s0, s1
+
+
+def hash_words(index: jax.Array, s0: jax.Array, s1: jax.Array) -> jax.Array:
+  """The ``"hash"`` generator's word for uint32 element ``index`` and seeds s0, s1.
+
+  Usable inside Pallas kernels: pure uint32 integer arithmetic on arrays.
+  """
+  return lowbias32(lowbias32(index + s0) ^ s1)
+
+
+def row_major_index(shape: tuple[int, ...]) -> jax.Array:
+  """uint32 row-major linear index of every element of ``shape``."""
+  size = int(np.prod(shape, dtype=np.int64))
+  if size >= 2 ** 32:
+    raise ValueError(f"the hash generator indexes at most 2^32 elements, got {shape}")
+  idx = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in range(len(shape) - 1, -1, -1):
+    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+    stride *= shape[axis]
+  return idx
+
+
+def random_words(key: jax.Array, shape: tuple[int, ...], *,
+                 method: Method = "hash") -> jax.Array:
+  """Uniform uint32 words of ``shape``, a pure function of ``key`` (and ``method``)."""
+  shape = tuple(int(d) for d in shape)
+  if method == "hash":
+    s0, s1 = key_to_seeds(key)
+    return hash_words(row_major_index(shape), s0, s1)
+  if method == "threefry":
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    return jax.random.bits(key, shape, jnp.uint32)
+  raise ValueError(f"unknown random-bit method {method!r}; known: {', '.join(METHODS)}")
