@@ -90,11 +90,14 @@ def compose_bits(n: jax.Array, qe: jax.Array) -> jax.Array:
 def split_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(significand, exponent) of finite magnitude bits ``a``: value = sig * 2^(eb-23).
 
-  ``sig`` has the implicit leading one for normals; f32 subnormals get ``eb = -126``.
+  ``sig`` is normalized to 24 bits with its leading one at bit 23, float32 subnormals
+  included (their exponent then goes below -126), so ``eb = floor(log2 value)``.
   """
   e32 = a >> 23
-  sig = jnp.where(e32 > 0, (a & _U(0x7FFFFF)) | _U(0x800000), a & _U(0x7FFFFF))
-  eb = jnp.maximum(e32.astype(jnp.int32), 1) - _I(127)
+  frac = a & _U(0x7FFFFF)
+  lead = jnp.clip(lax.clz(frac).astype(jnp.int32) - 8, 0, 31)  # subnormal shift-up
+  sig = jnp.where(e32 > 0, frac | _U(0x800000), frac << lead.astype(jnp.uint32))
+  eb = jnp.where(e32 > 0, e32.astype(jnp.int32) - _I(127), _I(-126) - lead)
   return sig, eb
 
 
