@@ -1,9 +1,32 @@
-"""numerics: bit-exact low-precision formats, rounding and block scaling in JAX."""
+"""numerics: bit-exact low-precision formats, rounding and block scaling in JAX.
 
+The public API (see README.md):
+
+    numerics.formats.get(name)                       # the format table
+    numerics.cast(x, fmt, rounding=..., key=...)     # element-wise rounding
+    numerics.quantize_mx(x, fmt, ...)                # OCP MX block scaling
+    numerics.quantize_nvfp4(x, ...)                  # NVFP4
+    numerics.dequantize(q)
+    numerics.fake_quant(x, fmt, ...)                 # QDQ with straight-through grad
+    numerics.random_hadamard(x, key, ...)            # and inverse_random_hadamard
+    numerics.rounding.error_feedback(x, residual, fmt)
+"""
+
+from numerics import blockscale
+from numerics import encoding
+from numerics import fake_quant as fake_quant_lib
 from numerics import formats
+from numerics import hadamard
 from numerics import random_bits
 from numerics import rounding
+from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
+from numerics.fake_quant import QuantSpec, fake_quant
+from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
-__all__ = ["formats", "random_bits", "rounding", "cast", "cast_with_words",
-           "error_feedback"]
+__all__ = [
+    "blockscale", "encoding", "fake_quant_lib", "formats", "hadamard", "random_bits",
+    "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
+    "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
+    "quantize_mx", "quantize_nvfp4", "random_hadamard",
+]
