@@ -14,18 +14,18 @@ The public API (see README.md):
 
 from numerics import blockscale
 from numerics import encoding
-from numerics import fake_quant as fake_quant_lib
+from numerics import quantizer
 from numerics import formats
 from numerics import hadamard
 from numerics import random_bits
 from numerics import rounding
 from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
-from numerics.fake_quant import QuantSpec, fake_quant
+from numerics.quantizer import QuantSpec, fake_quant
 from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
-    "blockscale", "encoding", "fake_quant_lib", "formats", "hadamard", "random_bits",
+    "blockscale", "encoding", "formats", "hadamard", "quantizer", "random_bits",
     "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
     "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
     "quantize_mx", "quantize_nvfp4", "random_hadamard",

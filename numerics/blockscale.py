@@ -46,6 +46,8 @@ subnormals to zero in float arithmetic, which would silently change scales.
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 from typing import Literal, Sequence
 
@@ -250,6 +252,7 @@ def _round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
   return jnp.minimum(mag, max_bits) | (sign << 31)
 
 
+@functools.partial(jax.jit, static_argnames=('fmt', 'block_size', 'axis', 'block_shape', 'scale_rule', 'rounding', 'rand_bits', 'pad', 'rng'))
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                 block_size: int = 32, axis: int | Sequence[int] = -1,
                 block_shape: Sequence[int] | None = None,
@@ -308,6 +311,7 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                         scale_rule=scale_rule)
 
 
+@functools.partial(jax.jit, static_argnames=('axis', 'block_shape', 'rounding', 'rand_bits', 'pad', 'rng'))
 def quantize_nvfp4(x: jax.Array, *, axis: int | Sequence[int] = -1,
                    block_shape: Sequence[int] | None = None,
                    rounding: str = "nearest", key: jax.Array | None = None,
@@ -368,6 +372,7 @@ def _expand_scales(q: QuantizedArray, values: jax.Array) -> jax.Array:
   return jnp.broadcast_to(v, bshape).reshape(q.padded_shape)
 
 
+@jax.jit
 def dequantize(q: QuantizedArray) -> jax.Array:
   """float32 array of the original shape: element * block scale (* tensor scale).
 

@@ -78,6 +78,7 @@ def _apply_blockwise(x: jax.Array, r: jax.Array, block_size: int, axis: int
   return jnp.moveaxis(y.reshape((n,) + rest), 0, axis).astype(x.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=('block_size', 'axis', 'permute'))
 def random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
                     axis: int = 0, permute: bool = True) -> jax.Array:
   """Applies ``R`` (see module docstring) to every ``block_size`` block along ``axis``.
@@ -96,6 +97,7 @@ def random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
                           block_size, axis)
 
 
+@functools.partial(jax.jit, static_argnames=('block_size', 'axis', 'permute'))
 def inverse_random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
                             axis: int = 0, permute: bool = True) -> jax.Array:
   """The inverse of :func:`random_hadamard` with the same key and layout (``R^T``)."""

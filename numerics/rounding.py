@@ -24,6 +24,8 @@ the format's policy (see :mod:`numerics.formats`).
 
 from __future__ import annotations
 
+import functools
+
 from typing import Literal
 
 import jax
@@ -195,6 +197,7 @@ def _round_e8m0(x, fmt, *, rounding, words, rand_bits, saturate):
   return lax.bitcast_convert_type(out, jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnames=('fmt', 'rounding', 'saturate', 'rand_bits', 'rng'))
 def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
          rounding: Rounding = "nearest", key: jax.Array | None = None,
          saturate: bool = True, rand_bits: int | None = None,
@@ -241,6 +244,7 @@ def _check_rand_bits(rand_bits):
     raise ValueError(f"rand_bits must be an int in [1, 32] or None, got {rand_bits!r}")
 
 
+@functools.partial(jax.jit, static_argnames=('fmt', 'saturate', 'rand_bits'))
 def cast_with_words(x: jax.Array, fmt: str | formats_lib.Format, words: jax.Array, *,
                     saturate: bool = True, rand_bits: int | None = None) -> jax.Array:
   """Stochastic ``cast`` with caller-supplied uint32 random ``words`` (x's shape).

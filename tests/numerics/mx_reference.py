@@ -86,9 +86,13 @@ def quantize_dequantize_mx(x: np.ndarray, name: str, rule: str = "floor",
   return out.reshape(x64.shape).astype(np.float32), codes
 
 
-def quantize_dequantize_nvfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                      np.float32]:
-  """TE's NVFP4 chain in float32 NumPy: (dequantized, block scales, 1/S_enc)."""
+def quantize_dequantize_nvfp4(x: np.ndarray, block: int = 16
+                              ) -> tuple[np.ndarray, np.ndarray, np.float32]:
+  """TE's NVFP4 chain in float32 NumPy: (dequantized, block scales, 1/S_enc).
+
+  Blocks are ``block`` consecutive elements of the last axis (16 for NVFP4; pass 256
+  with 16x16 tiles flattened into rows to check 2D tiles).
+  """
   x = np.asarray(x, np.float32)
   f32 = np.float32
   amax = f32(np.max(np.abs(x[np.isfinite(x)]), initial=0.0))
@@ -96,7 +100,7 @@ def quantize_dequantize_nvfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     s_enc = np.minimum(f32(2688.0) / amax, f32(np.finfo(np.float32).max))
   if amax == 0 or s_enc == 0:
     s_enc = f32(1.0)
-  xb = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+  xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
   bamax = np.max(np.abs(xb), axis=-1, keepdims=True).astype(np.float32)
   s_dec = np.minimum(bamax * (s_enc * f32(1.0 / 6.0)), f32(448.0))
   s_dec = s_dec.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -107,3 +111,14 @@ def quantize_dequantize_nvfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     el = np.clip(xb * enc, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
   deq = (el * s_dec) * (f32(1.0) / s_enc)
   return deq.reshape(x.shape), s_dec[..., 0], f32(1.0) / s_enc
+
+
+def tiles_to_rows(x: np.ndarray, b0: int, b1: int) -> np.ndarray:
+  """(M, N) -> (M//b0 * N//b1, b0*b1): each 2D tile flattened into one row."""
+  m, n = x.shape
+  return x.reshape(m // b0, b0, n // b1, b1).transpose(0, 2, 1, 3).reshape(-1, b0 * b1)
+
+
+def rows_to_tiles(r: np.ndarray, m: int, n: int, b0: int, b1: int) -> np.ndarray:
+  """Inverse of :func:`tiles_to_rows`."""
+  return r.reshape(m // b0, n // b1, b0, b1).transpose(0, 2, 1, 3).reshape(m, n)

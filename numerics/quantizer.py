@@ -1,4 +1,4 @@
-"""Fake quantization: quantize then dequantize, with a straight-through gradient.
+"""Tensor quantizers as data (QuantSpec) and fake quantization with a straight-through gradient.
 
 A :class:`QuantSpec` names one tensor quantizer as data: an element format with a
 block layout (OCP MX when ``fmt`` is an MX element format and a block is given,
