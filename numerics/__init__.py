@@ -14,7 +14,9 @@ The public API (see README.md):
 
 from numerics import blockscale
 from numerics import encoding
+from numerics import qdot
 from numerics import quantizer
+from numerics import recipes
 from numerics import formats
 from numerics import hadamard
 from numerics import random_bits
@@ -25,7 +27,7 @@ from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
-    "blockscale", "encoding", "formats", "hadamard", "quantizer", "random_bits",
+    "blockscale", "encoding", "formats", "hadamard", "qdot", "quantizer", "random_bits", "recipes",
     "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
     "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
     "quantize_mx", "quantize_nvfp4", "random_hadamard",

@@ -38,6 +38,9 @@ class QuantSpec:
     pad: zero-pad blocked axes instead of raising.
     rng: random-word generator for stochastic rounding.
     saturate: for element-wise casts, clamp overflow to +-max (blocks always do).
+    tensorwise: with an element-wise cast, scale the whole tensor first by
+      ``fmt.max / amax`` (float32 "current scaling", as FP8 training recipes do), then
+      cast, then divide the scale back out.
   """
 
   fmt: str = "e4m3"
@@ -50,6 +53,7 @@ class QuantSpec:
   pad: bool = False
   rng: str = "hash"
   saturate: bool = True
+  tensorwise: bool = False
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
@@ -67,6 +71,9 @@ class QuantSpec:
       object.__setattr__(self, "block_shape", tuple(self.block_shape))
     if isinstance(self.axis, list):
       object.__setattr__(self, "axis", tuple(self.axis))
+    if self.tensorwise and not self.is_cast:
+      raise ValueError("tensorwise scaling applies to element-wise casts "
+                       "(block_size=None, block_shape=None)")
 
   @property
   def is_cast(self) -> bool:
@@ -97,10 +104,21 @@ def quantize_dequantize(x: jax.Array, spec: QuantSpec,
                         key: jax.Array | None = None) -> jax.Array:
   """``dequantize(quantize(x))`` (or ``cast``) in float32, x's shape; no STE."""
   if spec.is_cast:
-    return rounding_lib.cast(
-        jnp.asarray(x).astype(jnp.float32), spec.fmt, rounding=spec.rounding,
+    x32 = jnp.asarray(x).astype(jnp.float32)
+    scale = tensor_scale(x32, spec.fmt) if spec.tensorwise else None
+    y = rounding_lib.cast(
+        x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
         key=key, saturate=spec.saturate, rand_bits=spec.rand_bits, rng=spec.rng)
+    return y if scale is None else y / scale
   return blockscale.dequantize(quantize(x, spec, key))
+
+
+def tensor_scale(x: jax.Array, fmt: str) -> jax.Array:
+  """float32 per-tensor scale ``fmt.max / amax(x)`` over finite values (1 if amax=0)."""
+  a = jnp.abs(x.astype(jnp.float32))
+  amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0))
+  scale = jnp.float32(formats_lib.get(fmt).max) / amax
+  return jnp.where((amax > 0) & jnp.isfinite(scale), scale, jnp.float32(1.0))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -1,0 +1,245 @@
+"""quantized_dot_general: each GEMM against the same quantization done by hand.
+
+GEMM outputs of the MX recipes are compared bit for bit. So that this does not depend
+on XLA's accumulation order, the by-hand tests draw magnitudes in [1, 1.75] (random
+signs): dequantized MX operands then have few significant bits and every partial sum
+is exact in float32. The recipes with float32 tensor scales (fp8, nvfp4) make
+dequantized values arbitrary floats, so there the GEMM is compared to a relative
+1e-5 (a wrong quantizer is off by ~10%); their quantizers are bit-exact in
+test_blockscale and test_fake_quant.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+import pytest
+
+import numerics
+from numerics import qdot
+from numerics import recipes
+
+DN = (((1,), (0,)), ((), ()))
+BF = jnp.bfloat16
+
+
+def _mm(a, b):
+  return jnp.dot(a.astype(BF), b.astype(BF), preferred_element_type=jnp.float32,
+                 precision=lax.Precision.HIGHEST)
+
+
+def _mm32(a, b):
+  return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+
+
+def _data(m=64, k=64, n=96, seed=0):
+  kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
+  return (qdot.outlier_data(kx, (m, k), 0.01), qdot.outlier_data(kw, (k, n), 0.01),
+          qdot.outlier_data(kg, (m, n), 0.01))
+
+
+def _bounded(m=64, k=64, n=96, seed=0):
+  def draw(key, shape):
+    ks, km = jax.random.split(key)
+    v = jax.random.uniform(km, shape, minval=1.0, maxval=1.75)
+    v = v.at[(0,) * len(shape)].set(1.75)  # amax 1.75 = 448 / 2^8 = 57344 / 2^15
+    return jnp.where(jax.random.bernoulli(ks, 0.5, shape), v, -v)
+  kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
+  return draw(kx, (m, k)), draw(kw, (k, n)), draw(kg, (m, n))
+
+
+def _close(a, b):
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                             atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def _run(recipe, x, w, g, key):
+  f = lambda x, w: qdot.quantized_dot_general(x, w, DN, recipe, key,
+                                              preferred_element_type=jnp.float32)
+  out, vjp = jax.vjp(f, x, w)
+  return (out,) + vjp(g)
+
+
+def _keys(key, gemm):
+  k = jax.random.fold_in(key, gemm)
+  return [jax.random.fold_in(k, i) for i in range(3)]
+
+
+def _mx(x, fmt, **kw):
+  return numerics.dequantize(numerics.quantize_mx(x, fmt, pad=True, **kw))
+
+
+def test_bf16_is_plain_dot_general_in_bf16():
+  x, w, g = _data()
+  plain = lambda x, w: lax.dot_general(x.astype(BF), w.astype(BF), DN)
+  ours = lambda x, w: qdot.quantized_dot_general(x, w, DN, "bf16")
+  chex.assert_trees_all_equal(ours(x, w), plain(x, w))
+  loss = lambda f: lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * g)
+  chex.assert_trees_all_equal(jax.grad(loss(ours), (0, 1))(x, w),
+                              jax.grad(loss(plain), (0, 1))(x, w))
+
+
+@pytest.mark.parametrize("name", ["mxfp4_1d2d", "mxfp4_rht", "mxfp4"])
+def test_mxfp4_alto_by_hand(name):
+  x, w, g = _bounded()
+  key = jax.random.key(3)
+  out, dx, dw = _run(name, x, w, g, key)
+  rule = dict(scale_rule="alto")
+  # Forward: X 1x32 along K, W 32x32 tiles.
+  wq = _mx(w, "e2m1", block_shape=(32, 32), **rule)
+  chex.assert_trees_all_equal(out, _mm(_mx(x, "e2m1", axis=-1, **rule), wq))
+  # dgrad: dO 1x32 along N (SR in mxfp4), the same quantized W.
+  kd = _keys(key, 1)
+  sr = name == "mxfp4"
+  gq = _mx(g, "e2m1", axis=-1, rounding="stochastic" if sr else "nearest",
+           key=kd[1] if sr else None, **rule)
+  chex.assert_trees_all_equal(dx, _mm(gq, wq.T))
+  # wgrad: RHT (32, along tokens) on X and dO, then 1x32 blocks along tokens.
+  kw = _keys(key, 2)
+  xh, gh = x, g
+  if name != "mxfp4_1d2d":
+    xh = numerics.random_hadamard(x, kw[0], block_size=32, axis=0)
+    gh = numerics.random_hadamard(g, kw[0], block_size=32, axis=0)
+  xq = _mx(xh, "e2m1", axis=0, **rule)
+  gq2 = _mx(gh, "e2m1", axis=0, rounding="stochastic" if sr else "nearest",
+            key=kw[2] if sr else None, **rule)
+  chex.assert_trees_all_equal(dw, _mm(xq.T, gq2))
+
+
+def test_mxfp8_by_hand():
+  x, w, g = _bounded(k=80)  # K = 80 is padded to 96 for the 1x32 blocks
+  out, dx, dw = _run("mxfp8", x, w, g, None)
+  q = lambda a, axis: _mx(a, "e4m3", axis=axis, scale_rule="rceil")
+  chex.assert_trees_all_equal(out, _mm(q(x, -1), q(w, 0)))
+  chex.assert_trees_all_equal(dx, _mm(q(g, -1), q(w, -1).T))  # W re-quantized along N
+  chex.assert_trees_all_equal(dw, _mm(q(x, 0).T, q(g, 0)))
+
+
+def test_nvfp4_by_hand():
+  x, w, g = _data()
+  key = jax.random.key(11)
+  out, dx, dw = _run("nvfp4", x, w, g, key)
+  nv = lambda a, **kw: numerics.dequantize(numerics.quantize_nvfp4(a, **kw))
+  wq = nv(w, block_shape=(16, 16))
+  _close(out, _mm32(nv(x, axis=-1), wq))
+  kd = _keys(key, 1)
+  _close(dx, _mm32(nv(g, axis=-1, rounding="stochastic", key=kd[1]), wq.T))
+  kw = _keys(key, 2)
+  xh = numerics.random_hadamard(x, kw[0], block_size=16, axis=0)
+  gh = numerics.random_hadamard(g, kw[0], block_size=16, axis=0)
+  _close(dw, _mm32(nv(xh, axis=0).T, nv(gh, axis=0, rounding="stochastic", key=kw[2])))
+
+
+def test_fp8_tensorwise_by_hand():
+  x, w, g = _data()
+  out, dx, dw = _run("fp8", x, w, g, None)
+
+  def q(a, fmt):
+    a = a.astype(jnp.float32)
+    s = jnp.float32(numerics.formats.get(fmt).max) / jnp.max(jnp.abs(a))
+    return numerics.cast(a * s, fmt) / s
+
+  _close(out, _mm32(q(x, "e4m3"), q(w, "e4m3")))
+  _close(dx, _mm32(q(g, "e5m2"), q(w, "e4m3").T))
+  _close(dw, _mm32(q(x, "e4m3").T, q(g, "e5m2")))
+
+
+def test_general_dimension_numbers_match_flattened():
+  # (B, T, K) x (K, H, D): tokens span two dims, features two dims; and a batched form.
+  kx, kw = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (2, 16, 64))
+  w = jax.random.normal(kw, (64, 4, 8))
+  dn = (((2,), (0,)), ((), ()))
+  y = qdot.quantized_dot_general(x, w, dn, "mxfp8")
+  flat = qdot.quantized_dot_general(x.reshape(32, 64), w.reshape(64, 32), DN, "mxfp8")
+  chex.assert_trees_all_equal(y, flat.reshape(2, 16, 4, 8))
+  # Batch dims: per-batch GEMMs.
+  a = jax.random.normal(kx, (3, 32, 64))
+  b = jax.random.normal(kw, (3, 64, 32))
+  dnb = (((2,), (1,)), ((0,), (0,)))
+  yb = qdot.quantized_dot_general(a, b, dnb, "mxfp8")
+  for i in range(3):
+    chex.assert_trees_all_equal(yb[i], qdot.quantized_dot_general(a[i], b[i], DN, "mxfp8"))
+  gb = jax.grad(lambda a: jnp.sum(qdot.quantized_dot_general(a, b, dnb, "mxfp8")))(a)
+  assert gb.shape == a.shape and bool(jnp.all(jnp.isfinite(gb)))
+
+
+def test_rht_with_ragged_tokens_keeps_wgrad_close():
+  x, w, g = _data(m=40)  # 40 tokens: zero-padded to 64 for the 32-point RHT
+  _, _, dw = _run("mxfp4", x, w, g, jax.random.key(1))
+  assert dw.shape == w.shape
+  assert qdot.snr_db(x.T @ g, dw) > 8.0
+
+
+def test_errors():
+  x, w, _ = _data()
+  with pytest.raises(ValueError, match="needs a PRNG key"):
+    qdot.quantized_dot_general(x, w, DN, "mxfp4")
+  with pytest.raises(ValueError, match="unknown recipe"):
+    qdot.quantized_dot_general(x, w, DN, "int3")
+  with pytest.raises(TypeError, match="float"):
+    qdot.quantized_dot_general(x.astype(jnp.int32), w, DN, "mxfp8")
+  with pytest.raises(ValueError, match="contracting dims differ"):
+    qdot.quantized_dot_general(x, w[:32], DN, "mxfp8")
+  with pytest.raises(ValueError, match="2d tiles"):
+    recipes.replace("mxfp4", name="bad", forward=recipes.GemmRecipe(
+        lhs=recipes.OperandQuant("e2m1"), rhs=recipes.OperandQuant("e2m1")))
+  with pytest.raises(ValueError, match="block scaling"):
+    recipes.OperandQuant("bf16")
+
+
+def test_jit_and_determinism():
+  x, w, g = _data()
+  key = jax.random.key(2)
+  f = jax.jit(lambda x, w, k: _run("mxfp4", x, w, g, k))
+  chex.assert_trees_all_equal(f(x, w, key), _run("mxfp4", x, w, g, key))
+  a, b = f(x, w, key), f(x, w, jax.random.key(5))
+  chex.assert_trees_all_equal(a[0], b[0])  # forward is deterministic
+  assert not np.array_equal(a[1], b[1])    # SR in dgrad depends on the key
+
+
+def test_custom_recipe_and_registry():
+  assert set(recipes.names()) >= {"bf16", "fp8", "mxfp8", "mxfp4", "nvfp4"}
+  r = recipes.replace("mxfp8", name="mxfp8_floor", forward=recipes.GemmRecipe(
+      lhs=recipes.OperandQuant("e4m3"), rhs=recipes.OperandQuant("e4m3")))
+  x, w, g = _bounded()
+  out, _, _ = _run(r, x, w, g, None)
+  chex.assert_trees_all_equal(out, _mm(_mx(x, "e4m3", axis=-1), _mx(w, "e4m3", axis=0)))
+  assert recipes.get("mxfp4").needs_key and not recipes.get("mxfp8").needs_key
+  assert hash(recipes.get("nvfp4")) == hash(recipes.get("nvfp4"))
+
+
+def test_snr_tool_orders_recipes():
+  s = {r: qdot.snr(r, tokens=256, k=256, n=256) for r in
+       ("bf16", "mxfp8", "mxfp4_1d2d", "mxfp4_rht", "mxfp4")}
+  for r in s:
+    assert set(s[r]) == {"forward", "dgrad", "wgrad"}
+  for gemm in ("forward", "dgrad", "wgrad"):
+    assert s["bf16"][gemm] > s["mxfp8"][gemm] > s["mxfp4_1d2d"][gemm] > 5.0
+  # RHT only touches wgrad; SR only the gradient operand (dgrad and wgrad).
+  assert s["mxfp4_rht"]["forward"] == s["mxfp4_1d2d"]["forward"]
+  assert s["mxfp4_rht"]["dgrad"] == s["mxfp4_1d2d"]["dgrad"]
+  assert s["mxfp4"]["forward"] == s["mxfp4_rht"]["forward"]
+
+
+def test_mxfp8_operands_match_jax_scaled_dot_general_quantizer():
+  # JAX's own MXFP8 quantizer (behind jax.nn.scaled_dot_general) is RCEIL + clip +
+  # RNE: our "mxfp8" operand quantization must agree with it bit for bit.
+  sm = pytest.importorskip("jax._src.cudnn.scaled_matmul_stablehlo")
+  x = qdot.outlier_data(jax.random.key(0), (1, 64, 128), 0.01)
+  cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
+  q, s = sm.quantize(x, cfg)
+  theirs = q.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), 32, axis=-1)
+  spec = recipes.get("mxfp8").forward.lhs.spec(-1, -2)
+  chex.assert_trees_all_equal(numerics.quantizer.quantize_dequantize(x, spec), theirs)
+
+
+def test_against_scaled_dot_general_on_gpu():
+  if jax.default_backend() != "gpu":
+    pytest.skip("jax.nn.scaled_dot_general's cuDNN GEMM needs a GPU; on the CPU only "
+                "the quantizer is compared (test above)")
+  x, w, _ = _data(m=64, k=64, n=64)
+  want = jax.nn.scaled_dot_general(x, w, DN, preferred_element_type=jnp.float32)
+  ours = qdot.quantized_dot_general(x, w, DN, "mxfp8", preferred_element_type=jnp.float32)
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-2, atol=1e-2)
