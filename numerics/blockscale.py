@@ -252,6 +252,33 @@ def _round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
   return jnp.minimum(mag, max_bits) | (sign << 31)
 
 
+def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
+                     blocks: tuple[int, ...], scale_rule: str, rounding: str,
+                     words: jax.Array | None, rand_bits: int | None
+                     ) -> tuple[jax.Array, jax.Array]:
+  """(element codes, E8M0 scale codes) of float32 ``xp`` (block-divisible shape).
+
+  The whole MX algorithm in plain jnp integer ops; :func:`quantize_mx` and the Pallas
+  kernel in :mod:`numerics.kernels.mx_quantize` both run exactly this code.
+  """
+  b = lax.bitcast_convert_type(xp, jnp.uint32)
+  sign = b >> 31
+  a = b & _U(0x7FFFFFFF)
+  amax, bshape, bpos = _block_amax_bits(a, axes, blocks)
+  poisoned = amax >= _U(0x7F800000)
+  code = mx_scale_exponent(jnp.where(poisoned, _U(0), amax), f, scale_rule)
+  # Internal grid exponent: the element grid of ``f`` times 2^s_int.
+  s_int = code - 127 - (f.emax - f.mx_emax)
+  s_full = jnp.broadcast_to(s_int, bshape).reshape(xp.shape)
+  poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
+  a_fin = jnp.where(poison_full, _U(0), a)
+  elem = _round_elements(a_fin, sign, f, s_full, rounding, words, rand_bits)
+  codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
+  codes = jnp.where(poison_full, jnp.uint8(0), codes)
+  scale_codes = jnp.where(poisoned, 255, code).astype(jnp.uint8)
+  return codes, jnp.squeeze(scale_codes, axis=bpos)
+
+
 @functools.partial(jax.jit, static_argnames=('fmt', 'block_size', 'axis', 'block_shape', 'scale_rule', 'rounding', 'rand_bits', 'pad', 'rng'))
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                 block_size: int = 32, axis: int | Sequence[int] = -1,
@@ -289,22 +316,8 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   xp = _pad(x, axes, blocks, pad)
   words = _words(key, xp.shape, rounding, rng)
   rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
-  b = lax.bitcast_convert_type(xp, jnp.uint32)
-  sign = b >> 31
-  a = b & _U(0x7FFFFFFF)
-  amax, bshape, bpos = _block_amax_bits(a, axes, blocks)
-  poisoned = amax >= _U(0x7F800000)
-  code = mx_scale_exponent(jnp.where(poisoned, _U(0), amax), f, scale_rule)
-  # Internal grid exponent: the element grid of ``f`` times 2^s_int.
-  s_int = code - 127 - (f.emax - f.mx_emax)
-  s_full = jnp.broadcast_to(s_int, bshape).reshape(xp.shape)
-  poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
-  a_fin = jnp.where(poison_full, _U(0), a)
-  elem = _round_elements(a_fin, sign, f, s_full, rounding, words, rand_bits)
-  codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
-  codes = jnp.where(poison_full, jnp.uint8(0), codes)
-  scale_codes = jnp.where(poisoned, 255, code).astype(jnp.uint8)
-  scale_codes = jnp.squeeze(scale_codes, axis=bpos)
+  codes, scale_codes = mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
+                                       words, rand_bits)
   return QuantizedArray(codes=codes, scales=scale_codes,
                         tensor_scale=jnp.float32(1.0), fmt=f.name, scale_fmt="e8m0",
                         axes=axes, block_shape=blocks, shape=shape,
