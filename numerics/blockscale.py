@@ -252,15 +252,8 @@ def _round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
   return jnp.minimum(mag, max_bits) | (sign << 31)
 
 
-def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
-                     blocks: tuple[int, ...], scale_rule: str, rounding: str,
-                     words: jax.Array | None, rand_bits: int | None
-                     ) -> tuple[jax.Array, jax.Array]:
-  """(element codes, E8M0 scale codes) of float32 ``xp`` (block-divisible shape).
-
-  The whole MX algorithm in plain jnp integer ops; :func:`quantize_mx` and the Pallas
-  kernel in :mod:`numerics.kernels.mx_quantize` both run exactly this code.
-  """
+def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
+  """(element f32 bits with sign, scale codes (blocked shape), s_int, poisoned)."""
   b = lax.bitcast_convert_type(xp, jnp.uint32)
   sign = b >> 31
   a = b & _U(0x7FFFFFFF)
@@ -273,10 +266,59 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
   a_fin = jnp.where(poison_full, _U(0), a)
   elem = _round_elements(a_fin, sign, f, s_full, rounding, words, rand_bits)
-  codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
-  codes = jnp.where(poison_full, jnp.uint8(0), codes)
   scale_codes = jnp.where(poisoned, 255, code).astype(jnp.uint8)
-  return codes, jnp.squeeze(scale_codes, axis=bpos)
+  return elem, jnp.squeeze(scale_codes, axis=bpos), s_full, poison_full
+
+
+def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
+                     blocks: tuple[int, ...], scale_rule: str, rounding: str,
+                     words: jax.Array | None, rand_bits: int | None
+                     ) -> tuple[jax.Array, jax.Array]:
+  """(element codes, E8M0 scale codes) of float32 ``xp`` (block-divisible shape).
+
+  The whole MX algorithm in plain jnp integer ops; :func:`quantize_mx` and the Pallas
+  kernel in :mod:`numerics.kernels.mx_quantize` both run exactly this code.
+  """
+  elem, scale_codes, _, poison = _mx_elements(xp, f, axes, blocks, scale_rule,
+                                              rounding, words, rand_bits)
+  codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
+  return jnp.where(poison, jnp.uint8(0), codes), scale_codes
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "fmt", "block_size", "axis", "block_shape", "scale_rule", "rounding", "rand_bits",
+    "pad", "rng"))
+def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
+                           block_size: int = 32, axis: int | Sequence[int] = -1,
+                           block_shape: Sequence[int] | None = None,
+                           scale_rule: ScaleRule = "floor", rounding: str = "nearest",
+                           key: jax.Array | None = None, rand_bits: int | None = None,
+                           pad: bool = False, rng: random_bits_lib.Method = "hash"
+                           ) -> jax.Array:
+  """``dequantize(quantize_mx(x, ...))`` without forming codes (fake quantization).
+
+  The fused path for training: the rounded elements are scaled back by integer
+  exponent arithmetic, skipping the uint8 encode/decode. Equal bit for bit to the
+  two-step form (tested). Arguments as :func:`quantize_mx`; returns float32.
+  """
+  f = formats_lib.get(fmt)
+  if f.name not in MX_ELEMENT_FORMATS:
+    raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
+                     f"{f.name!r}")
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  xp = _pad(x, axes, blocks, pad)
+  words = _words(key, xp.shape, rounding, rng)
+  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
+  elem, _, s_full, poison = _mx_elements(xp, f, axes, blocks, scale_rule, rounding,
+                                         words, rand_bits)
+  mag = rounding_lib.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
+  sign = elem & _U(0x80000000)
+  if not f.kind == "float":  # INT8 has no negative zero
+    sign = jnp.where(mag == 0, _U(0), sign)
+  out = lax.bitcast_convert_type(mag | sign, jnp.float32)
+  out = jnp.where(poison, np.float32(np.nan), out)
+  return out[tuple(slice(0, d) for d in x.shape)]
 
 
 @functools.partial(jax.jit, static_argnames=('fmt', 'block_size', 'axis', 'block_shape', 'scale_rule', 'rounding', 'rand_bits', 'pad', 'rng'))

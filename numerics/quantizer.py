@@ -110,7 +110,13 @@ def quantize_dequantize(x: jax.Array, spec: QuantSpec,
         x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
         key=key, saturate=spec.saturate, rand_bits=spec.rand_bits, rng=spec.rng)
     return y if scale is None else y / scale
-  return blockscale.dequantize(quantize(x, spec, key))
+  if spec.fmt == "nvfp4":
+    return blockscale.dequantize(quantize(x, spec, key))
+  return blockscale.quantize_dequantize_mx(
+      x, spec.fmt, block_size=spec.block_size, axis=spec.axis,
+      block_shape=spec.block_shape, scale_rule=spec.scale_rule,
+      rounding=spec.rounding, key=key, rand_bits=spec.rand_bits, pad=spec.pad,
+      rng=spec.rng)
 
 
 def tensor_scale(x: jax.Array, fmt: str) -> jax.Array:

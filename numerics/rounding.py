@@ -103,6 +103,19 @@ def split_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
   return sig, eb
 
 
+def ldexp_bits(a: jax.Array, k: jax.Array | int) -> jax.Array:
+  """float32 bits of ``value(a) * 2^k`` for magnitude bits ``a``, by integer ops.
+
+  Exact whenever the result is representable (it is for every dequantized MX value);
+  results below the float32 subnormal range truncate. Zero stays zero.
+  """
+  sig, eb = split_bits(a)
+  e_new = eb + k
+  normal = ((e_new + 127).astype(jnp.uint32) << 23) | (sig & _U(0x7FFFFF))
+  sub = sig >> jnp.clip(-126 - e_new, 0, 31).astype(jnp.uint32)
+  return jnp.where(a == 0, _U(0), jnp.where(e_new >= -126, normal, sub))
+
+
 def round_magnitude(a: jax.Array, man_bits: int, emin: int, rounding: str,
                     words: jax.Array | None = None, rand_bits: int | None = None,
                     scale_exp: jax.Array | int = 0) -> jax.Array:

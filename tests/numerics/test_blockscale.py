@@ -68,6 +68,20 @@ def test_mx_matches_numpy_reference(name, rule, quantize_jit):
   assert q.scales.shape == (8, 4)
 
 
+@pytest.mark.parametrize("name", MX)
+def test_fused_quantize_dequantize_equals_two_step(name):
+  x = jnp.asarray(_special_matrix(9))
+  key = jax.random.key(2)
+  for rule in RULES:
+    for kw in (dict(), dict(rounding="stochastic", key=key), dict(block_size=8, axis=0)):
+      _bits_equal(blockscale.quantize_dequantize_mx(x, name, scale_rule=rule, **kw),
+                  numerics.dequantize(numerics.quantize_mx(x, name, scale_rule=rule, **kw)))
+  _bits_equal(blockscale.quantize_dequantize_mx(x[:, :40], name, pad=True,
+                                                block_shape=(8, 32)),
+              numerics.dequantize(numerics.quantize_mx(x[:, :40], name, pad=True,
+                                                       block_shape=(8, 32))))
+
+
 def test_hand_worked_power_of_two_amax():
   # amax = 256 = 2^8 with E4M3 (emax 8): shared exponent 8 - 8 = 0, code 127, exact.
   x = jnp.array([256.0, 1.0, -3.5, 0.125] + [0.0] * 28)
