@@ -4,8 +4,9 @@ Two generators, both pure functions of a JAX PRNG key and the element's row-majo
 index (so a Pallas kernel, a sharded run and the jnp reference draw the same bits):
 
 * ``"hash"`` (default): a counter-based hash. Word ``i`` is
-  ``lowbias32(lowbias32(i + s0) ^ s1)`` where ``(s0, s1)`` are two 32-bit words taken
-  from the key and ``lowbias32`` is C. Wellons' 32-bit integer finalizer (two
+  ``lowbias32(lowbias32(i + s0) ^ s1)`` where ``(s0, s1)`` are two 32-bit seeds
+  hashed from all the key's words and ``lowbias32`` is C. Wellons' 32-bit integer
+  finalizer (two
   multiply-xorshift rounds, measured avalanche bias 0.17%). It is a bijection of the
   index for a fixed key, so one array never repeats a word; it needs only 32-bit
   integer multiplies, so XLA fuses it into the rounding and it costs about as much as
@@ -30,6 +31,7 @@ import numpy as np
 Method = Literal["hash", "threefry"]
 METHODS = ("hash", "threefry")
 
+_U32 = np.uint32
 _M1 = np.uint32(0x7FEB352D)
 _M2 = np.uint32(0x846CA68B)
 
@@ -44,22 +46,32 @@ def lowbias32(x: jax.Array) -> jax.Array:
 
 
 def key_to_seeds(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Two uint32 scalar seeds from a typed (``jax.random.key``) or raw uint32 key."""
+  """Two uint32 scalar seeds from one typed (``jax.random.key``) or raw uint32 key.
+
+  The key's words are hashed together, so keys that differ in a single bit (e.g.
+  ``key(0)`` and ``key(3)``, whose data are ``[0, 0]`` and ``[0, 3]``) get unrelated
+  seeds; a batch of keys is rejected (vmap over keys instead).
+  """
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.shape != ():
+      raise ValueError(f"expected a single PRNG key, got a key array of shape "
+                       f"{key.shape}; vmap over keys instead")
     data = jax.random.key_data(key)
   else:
     data = key
     if data.dtype != jnp.uint32:
       raise TypeError(f"key must be a JAX PRNG key or uint32 key data, got {key.dtype}")
+    if data.ndim != 1:
+      raise ValueError(f"raw key data must be one key (1-D uint32), got shape "
+                       f"{key.shape}; vmap over keys instead")
   data = data.reshape(-1)
   if data.shape[0] < 2:
     raise ValueError(f"key data must have at least 2 words, got shape {key.shape}")
-  s0, s1 = data[0], data[1]
-  for i in range(2, data.shape[0]):  # rbg keys carry 4 words: fold the rest in
-    if i % 2 == 0:
-      s0 = lowbias32(s0 ^ data[i])
-    else:
-      s1 = lowbias32(s1 ^ data[i])
+  h = _U32(0x9E3779B9)
+  for i in range(data.shape[0]):  # rbg keys carry 4 words: all of them count
+    h = lowbias32(h ^ data[i]) + _U32(0x85EBCA6B)
+  s0 = lowbias32(h)
+  s1 = lowbias32(s0 ^ _U32(0xC2B2AE35))
   return s0, s1
 
 

@@ -252,8 +252,8 @@ def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
 
 
 def _check_rand_bits(rand_bits):
-  if rand_bits is not None and not (isinstance(rand_bits, (int, np.integer))
-                                    and 1 <= rand_bits <= 32):
+  if rand_bits is not None and (isinstance(rand_bits, bool) or not (
+      isinstance(rand_bits, (int, np.integer)) and 1 <= rand_bits <= 32)):
     raise ValueError(f"rand_bits must be an int in [1, 32] or None, got {rand_bits!r}")
 
 
