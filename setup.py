@@ -22,6 +22,8 @@ setup(
         "tensorboard>=2.21.0",
         "ml_dtypes>=0.7.0",
         "numpy>=2.4",
+        "scipy>=1.17",
+        "matplotlib>=3.11",
     ],
     extras_require={
         "dev": [

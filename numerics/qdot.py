@@ -189,6 +189,10 @@ def quantized_dot_general(lhs: jax.Array, rhs: jax.Array,
       raise TypeError(f"{name} must be a float array, got {a.dtype}")
   cd = jnp.dtype(r.compute_dtype)
   if not r.quantized:
+    # A bf16 lhs gives exactly Flax's bf16 layer; a wider lhs keeps its dtype
+    # (accumulated in it) rather than silently dropping to the compute dtype.
+    if preferred_element_type is None and lhs.dtype != cd:
+      preferred_element_type = lhs.dtype
     return lax.dot_general(lhs.astype(cd), rhs.astype(cd), dimension_numbers,
                            precision=precision,
                            preferred_element_type=preferred_element_type)

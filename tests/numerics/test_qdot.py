@@ -72,12 +72,21 @@ def _mx(x, fmt, **kw):
 
 def test_bf16_is_plain_dot_general_in_bf16():
   x, w, g = _data()
-  plain = lambda x, w: lax.dot_general(x.astype(BF), w.astype(BF), DN)
-  ours = lambda x, w: qdot.quantized_dot_general(x, w, DN, "bf16")
-  chex.assert_trees_all_equal(ours(x, w), plain(x, w))
   loss = lambda f: lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * g)
+  # bf16 operands: exactly lax.dot_general in bf16 (what a Flax bf16 layer computes).
+  plain = lambda x, w: lax.dot_general(x, w, DN)
+  ours = lambda x, w: qdot.quantized_dot_general(x, w, DN, "bf16")
+  xb, wb = x.astype(BF), w.astype(BF)
+  chex.assert_trees_all_equal(ours(xb, wb), plain(xb, wb))
+  chex.assert_trees_all_equal(jax.grad(loss(ours), (0, 1))(xb, wb),
+                              jax.grad(loss(plain), (0, 1))(xb, wb))
+  # float32 operands: cast to bf16, accumulated and returned in float32.
+  plain32 = lambda x, w: lax.dot_general(x.astype(BF), w.astype(BF), DN,
+                                         preferred_element_type=jnp.float32)
+  assert ours(x, w).dtype == jnp.float32
+  chex.assert_trees_all_equal(ours(x, w), plain32(x, w))
   chex.assert_trees_all_equal(jax.grad(loss(ours), (0, 1))(x, w),
-                              jax.grad(loss(plain), (0, 1))(x, w))
+                              jax.grad(loss(plain32), (0, 1))(x, w))
 
 
 @pytest.mark.parametrize("name", ["mxfp4_1d2d", "mxfp4_rht", "mxfp4"])

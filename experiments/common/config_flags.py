@@ -1,0 +1,120 @@
+"""absl flags generated from a frozen config dataclass, and the config rebuilt from them.
+
+A config is a frozen dataclass whose fields are ``int``, ``float``, ``str`` or ``bool`` and
+carry ``metadata={"help": ...}`` (and optionally ``"choices"``). One flag is defined per
+field, so ``--help`` documents every field and the dataclass stays the single source of
+truth. Library code never reads ``FLAGS``; only an entry point calls
+:func:`config_from_flags` and passes the config down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, TypeVar
+
+from absl import flags
+
+T = TypeVar("T")
+_SCALARS = (bool, int, float, str)
+
+
+def config_field(default: Any, help: str, *, choices: tuple[str, ...] | None = None
+                 ) -> Any:  # pylint: disable=redefined-builtin
+  """A dataclass field with the help text (and choices) its flag will show."""
+  if not help:
+    raise ValueError("every config field needs a help text")
+  metadata: dict[str, Any] = {"help": help}
+  if choices is not None:
+    if default not in choices:
+      raise ValueError(f"default {default!r} not in choices {choices}")
+    metadata["choices"] = tuple(choices)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def _field_types(cls: type) -> dict[str, type]:
+  hints = typing.get_type_hints(cls)
+  out = {}
+  for f in dataclasses.fields(cls):
+    t = hints[f.name]
+    if t not in _SCALARS:
+      raise TypeError(f"{cls.__name__}.{f.name}: flag fields must be bool/int/float/str, got {t}")
+    out[f.name] = t
+  return out
+
+
+def define_flags(cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines one absl flag per field of the frozen dataclass ``cls``.
+
+  Raises:
+    TypeError: ``cls`` is not a frozen dataclass or has a non-scalar field.
+    ValueError: a field lacks a help text.
+  """
+  if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):
+    raise TypeError(f"{cls!r} is not a frozen dataclass")
+  types = _field_types(cls)
+  for f in dataclasses.fields(cls):
+    help_text = f.metadata.get("help")
+    if not help_text:
+      raise ValueError(f"{cls.__name__}.{f.name} has no help text (use config_field)")
+    t = types[f.name]
+    choices = f.metadata.get("choices")
+    if choices is not None:
+      flags.DEFINE_enum(f.name, f.default, list(choices), help_text, flag_values=flag_values)
+    elif t is bool:
+      flags.DEFINE_bool(f.name, f.default, help_text, flag_values=flag_values)
+    elif t is int:
+      flags.DEFINE_integer(f.name, f.default, help_text, flag_values=flag_values)
+    elif t is float:
+      flags.DEFINE_float(f.name, f.default, help_text, flag_values=flag_values)
+    else:
+      flags.DEFINE_string(f.name, f.default, help_text, flag_values=flag_values)
+
+
+def config_from_flags(cls: type[T], flag_values: flags.FlagValues = flags.FLAGS) -> T:
+  """Builds ``cls`` from parsed flags defined by :func:`define_flags`."""
+  return cls(**{f.name: getattr(flag_values, f.name) for f in dataclasses.fields(cls)})
+
+
+def config_to_flags(config: Any) -> list[str]:
+  """``--name=value`` for every field of a config instance (what a launcher passes)."""
+  out = []
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if isinstance(value, bool):
+      value = "true" if value else "false"
+    out.append(f"--{f.name}={value}")
+  return out
+
+
+def replace_checked(config: T, overrides: dict[str, Any]) -> T:
+  """``dataclasses.replace`` that names unknown fields and coerces int -> float fields."""
+  types = _field_types(type(config))
+  unknown = sorted(set(overrides) - set(types))
+  if unknown:
+    raise ValueError(f"{type(config).__name__} has no field(s) {unknown}; known: {sorted(types)}")
+  coerced = {}
+  for name, value in overrides.items():
+    t = types[name]
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    if not isinstance(value, t) or (t is int and isinstance(value, bool)):
+      raise TypeError(f"{type(config).__name__}.{name} expects {t.__name__}, got {value!r}")
+    coerced[name] = value
+  return dataclasses.replace(config, **coerced)
+
+
+def parse_override(text: str, config: Any) -> tuple[str, Any]:
+  """Parses ``name=value`` against the field types of ``config``."""
+  if "=" not in text:
+    raise ValueError(f"override {text!r} is not of the form name=value")
+  name, raw = text.split("=", 1)
+  types = _field_types(type(config))
+  if name not in types:
+    raise ValueError(f"{type(config).__name__} has no field {name!r}; known: {sorted(types)}")
+  t = types[name]
+  if t is bool:
+    if raw.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"{name} expects true/false, got {raw!r}")
+    return name, raw.lower() in ("true", "1")
+  return name, t(raw)

@@ -1,0 +1,52 @@
+"""The results table: one JSON row per finished run, appended to a JSONL file."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+  if isinstance(value, float) and not math.isfinite(value):
+    return repr(value)  # JSON has no NaN/Inf; keep them visible as strings
+  return value
+
+
+def append_result(path: str, row: dict[str, Any]) -> None:
+  """Appends ``row`` as one line to the JSONL file at ``path`` (safe across processes).
+
+  Parallel sweep runs share one results file, so the write holds an exclusive lock and
+  is a single ``write`` of a complete line.
+  """
+  if not isinstance(row, dict):
+    raise TypeError(f"row must be a dict, got {type(row).__name__}")
+  line = json.dumps({k: _jsonable(v) for k, v in row.items()}, sort_keys=True,
+                    default=_jsonable) + "\n"
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      f.write(line)
+      f.flush()
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def read_results(path: str) -> list[dict[str, Any]]:
+  """Reads every row of a results JSONL file (missing file: empty list)."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for lineno, line in enumerate(f, 1):
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not a JSON row: {e}") from e
+  return rows

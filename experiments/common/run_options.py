@@ -1,0 +1,56 @@
+"""Per-run options that are not part of an experiment's config: where to write, resume, etc."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from experiments.common.config_flags import config_field
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """Where a run writes and how it is launched (not part of the experiment's results)."""
+
+  workdir: str = config_field(
+      "", "Run directory: TensorBoard events, config.json, checkpoints/. Default: "
+      "runs/<experiment>/<run_name> under the current directory.")
+  run_name: str = config_field(
+      "", "Name of this run (TensorBoard trial id, results row). Default: basename of workdir.")
+  results_file: str = config_field(
+      "", "JSONL file to append the final results row to. Default: <workdir>/results.jsonl.")
+  resume: bool = config_field(
+      False, "Continue from the latest checkpoint in --workdir (start fresh if there is none). "
+      "Without it, a workdir that already holds checkpoints is an error.")
+  stop_at_step: int = config_field(
+      0, "If > 0, checkpoint and exit after this step as if preempted (no results row). "
+      "For testing resume; the schedule still follows --num_steps.")
+  coordinator_address: str = config_field(
+      "", "host:port of process 0 for jax.distributed.initialize. Empty: auto-detect a "
+      "cluster (SLURM/Open MPI/Cloud TPU/Kubernetes) or run single-process.")
+  num_processes: int = config_field(
+      0, "Number of processes in the job (with --coordinator_address).")
+  process_id: int = config_field(
+      -1, "This process's index in the job (with --coordinator_address).")
+  single_process: bool = config_field(
+      False, "Never call jax.distributed.initialize, even if a cluster is detected.")
+
+
+def resolve_run_options(options: RunOptions, experiment: str) -> RunOptions:
+  """Fills the defaults that depend on each other and makes paths absolute.
+
+  orbax refuses relative checkpoint paths, so every path is made absolute here, once.
+  """
+  if options.num_processes < 0:
+    raise ValueError(f"num_processes must be >= 0, got {options.num_processes}")
+  if options.stop_at_step < 0:
+    raise ValueError(f"stop_at_step must be >= 0, got {options.stop_at_step}")
+  run_name = options.run_name
+  workdir = options.workdir
+  if not workdir:
+    workdir = os.path.join("runs", experiment, run_name or "default")
+  workdir = os.path.abspath(workdir)
+  run_name = run_name or os.path.basename(workdir.rstrip(os.sep))
+  results_file = os.path.abspath(options.results_file or os.path.join(workdir, "results.jsonl"))
+  return dataclasses.replace(options, workdir=workdir, run_name=run_name,
+                             results_file=results_file)

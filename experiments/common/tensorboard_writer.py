@@ -1,0 +1,146 @@
+"""TensorBoard event writing without TensorFlow: scalars, histograms, HParams.
+
+``flax.metrics.tensorboard`` and ``tensorboard.plugins.hparams.api`` import TensorFlow, so
+this writes the protos directly through tensorboard's own ``EventFileWriter``. Scalars are
+bare ``simple_value`` summaries (TensorBoard files them under scalars; see the reader).
+
+HParams layout (TensorBoard's hparams plugin expects ONE experiment summary per logdir
+tree): every run writes its own session (:meth:`MetricWriter.write_hparams`) into its run
+directory; a sweep writes the experiment summary (domains and metric tags) once, at the
+root of the sweep's logdir, with :func:`write_hparams_experiment`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+from tensorboard.plugins.hparams import api_pb2 as hparams_api_pb2
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+HParamValue = bool | int | float | str
+
+
+def histogram_proto(values: np.ndarray, bins: int = 30) -> HistogramProto:
+  """A TensorBoard histogram of ``values`` (any shape, flattened, as float64)."""
+  x = np.asarray(values, dtype=np.float64).ravel()
+  x = x[np.isfinite(x)]
+  if x.size == 0:
+    return HistogramProto(min=0.0, max=0.0, num=0, sum=0.0, sum_squares=0.0,
+                          bucket_limit=[0.0], bucket=[0.0])
+  lo, hi = float(x.min()), float(x.max())
+  if lo == hi:  # one value: TensorBoard needs a bucket of non-zero width
+    lo, hi = lo - 0.5, hi + 0.5
+  counts, edges = np.histogram(x, bins=bins, range=(lo, hi))
+  return HistogramProto(min=float(x.min()), max=float(x.max()), num=float(x.size),
+                        sum=float(x.sum()), sum_squares=float(np.dot(x, x)),
+                        bucket_limit=edges[1:].tolist(), bucket=counts.astype(float).tolist())
+
+
+class MetricWriter:
+  """Writes one run's events to ``logdir``; a disabled writer (non-zero process) does nothing."""
+
+  def __init__(self, logdir: str, *, enabled: bool = True):
+    self._writer = EventFileWriter(logdir) if enabled else None
+    self.logdir = logdir
+
+  @property
+  def enabled(self) -> bool:
+    return self._writer is not None
+
+  def _add(self, step: int, values: list[Summary.Value]) -> None:
+    if self._writer is not None and values:
+      self._writer.add_event(Event(wall_time=time.time(), step=int(step),
+                                   summary=Summary(value=values)))
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    """One event holding ``tag -> float`` scalars at ``step``."""
+    self._add(step, [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
+
+  def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray], bins: int = 30
+                       ) -> None:
+    """One event holding a histogram per ``tag -> array`` at ``step``."""
+    self._add(step, [Summary.Value(tag=tag, histo=histogram_proto(np.asarray(a), bins))
+                     for tag, a in arrays.items()])
+
+  def write_hparams(self, hparams: Mapping[str, HParamValue], trial_id: str,
+                    start_time_secs: float | None = None) -> None:
+    """This run's HParams session: its hparam values, named ``trial_id``."""
+    if self._writer is None:
+      return
+    _check_hparams(hparams)
+    summary = hparams_summary.hparams_pb(dict(hparams), trial_id=trial_id,
+                                         start_time_secs=start_time_secs)
+    self._writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+
+  def write_hparams_end(self, step: int, completed: bool,
+                        end_time_secs: float | None = None) -> None:
+    """Records this run's HParams session end: success, or still running for a stopped run.
+
+    A run stopped early (preemption, ``--stop_at_step``) is resumable, so it is marked
+    ``STATUS_RUNNING`` (the hparams API has no "paused"); its resumed run overwrites it.
+
+    ``summary_v2`` has no TF-free session-end writer, so this builds the same proto that
+    ``tensorboard.plugins.hparams.summary.session_end_pb`` would.
+    """
+    if self._writer is None:
+      return
+    status = (hparams_api_pb2.Status.STATUS_SUCCESS if completed
+              else hparams_api_pb2.Status.STATUS_RUNNING)
+    info = hparams_plugin_data_pb2.HParamsPluginData(
+        session_end_info=hparams_plugin_data_pb2.SessionEndInfo(
+            status=status, end_time_secs=time.time() if end_time_secs is None
+            else end_time_secs))
+    value = Summary.Value(tag=hparams_metadata.SESSION_END_INFO_TAG,
+                          metadata=hparams_metadata.create_summary_metadata(info),
+                          tensor=hparams_metadata.NULL_TENSOR)
+    # At the run's last step, not 0: an out-of-order step makes readers purge that tag.
+    self._writer.add_event(Event(wall_time=time.time(), step=int(step),
+                                 summary=Summary(value=[value])))
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+def _check_hparams(hparams: Mapping[str, Any]) -> None:
+  for name, value in hparams.items():
+    if not isinstance(value, (bool, int, float, str)):
+      raise TypeError(f"hparam {name!r} must be bool/int/float/str, got {type(value).__name__}")
+
+
+def write_hparams_experiment(logdir: str, hparams: Mapping[str, Sequence[HParamValue]],
+                             metrics: Sequence[str]) -> None:
+  """Writes the HParams experiment summary (once per sweep, at the logdir root).
+
+  Args:
+    logdir: the directory TensorBoard is pointed at (the runs live in subdirectories).
+    hparams: name -> the values swept (a discrete domain each).
+    metrics: scalar tags the HParams table shows; a session's value is the last one logged.
+  """
+  hp_list = []
+  for name, values in hparams.items():
+    values = list(dict.fromkeys(values))  # unique, in order
+    for v in values:
+      _check_hparams({name: v})
+    # Discrete domains must be one type; mixed int/float become floats.
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+      if any(isinstance(v, float) for v in values):
+        values = [float(v) for v in values]
+    hp_list.append(hparams_summary.HParam(name, hparams_summary.Discrete(values)))
+  summary = hparams_summary.hparams_config_pb(
+      hparams=hp_list, metrics=[hparams_summary.Metric(tag) for tag in metrics])
+  writer = EventFileWriter(logdir)
+  writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+  writer.close()

@@ -1,0 +1,237 @@
+"""The shared train loop: a jitted ``train_step(state, batch, key) -> (state, metrics)``,
+periodic eval, TensorBoard logging, progress lines, checkpoint/resume and preemption.
+
+Exact resume: the loop's state is (train state, PRNG key, data position, step) and each
+step's batch is a pure function of the data position, so a run restored from a checkpoint
+replays the uninterrupted run bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.preemption import PreemptionWatcher
+from experiments.common.progress import ProgressReporter
+from experiments.common.tensorboard_writer import MetricWriter
+
+Batch = Mapping[str, Any]
+Metrics = dict[str, jax.Array]
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Metrics]]
+TrainStep = Callable[["TrainState", Batch, jax.Array], tuple["TrainState", Metrics]]
+
+
+class TrainState(NamedTuple):
+  """What the optimizer updates: a step counter (int32 scalar), params and optimizer state."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+  """A step-0 TrainState."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params))
+
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> TrainStep:
+  """The jitted ``train_step(state, batch, key) -> (state, metrics)``.
+
+  ``loss_fn(params, batch, key) -> (scalar loss, aux metrics)``. The returned metrics are a
+  flat dict of scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` plus aux.
+  ``state`` is donated, so do not reuse the one passed in.
+  """
+
+  def train_step(state: TrainState, batch: Batch, key: jax.Array
+                 ) -> tuple[TrainState, Metrics]:
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+               "param_norm": optax.tree.norm(params),
+               "update_norm": optax.tree.norm(updates), **aux}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return jax.jit(train_step, donate_argnums=(0,))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """How often the loop does what (0 disables a periodic action; the end always runs)."""
+
+  num_steps: int
+  log_every: int = 50
+  eval_every: int = 200
+  checkpoint_every: int = 200
+  histogram_every: int = 200
+  progress_every_s: float = 10.0
+  stop_at_step: int = 0
+
+  def __post_init__(self):
+    if self.num_steps < 1:
+      raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+    for name in ("log_every", "eval_every", "checkpoint_every", "histogram_every",
+                 "stop_at_step"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class LoopResult(NamedTuple):
+  """Where the loop ended. ``completed`` is False after a stop/preemption."""
+
+  snapshot: Snapshot
+  completed: bool
+  train_metrics: dict[str, float]
+  eval_metrics: dict[str, float]
+  steps_per_s: float
+  wall_s: float
+
+
+def _due(step: int, every: int) -> bool:
+  return every > 0 and step % every == 0
+
+
+def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
+                          init: Callable[[], Snapshot]) -> Snapshot:
+  """The snapshot to start from: the latest checkpoint if resuming, else ``init()``.
+
+  Raises:
+    FileExistsError: checkpoints exist but ``resume`` is False (refuse to overwrite).
+  """
+  fresh = init()
+  if checkpointer is None:
+    return fresh
+  latest = checkpointer.latest_step()
+  if latest is None:
+    if resume:
+      logging.info("--resume: no checkpoint in %s, starting from step 0", checkpointer.directory)
+    return fresh
+  if not resume:
+    raise FileExistsError(
+        f"{checkpointer.directory} already holds checkpoints (latest step {latest}); pass "
+        "--resume to continue that run, or choose a new --workdir")
+  snapshot = checkpointer.restore(fresh.state, fresh.rng, latest)
+  logging.info("resumed from step %d (data position %d) in %s", snapshot.step,
+               snapshot.data_position, checkpointer.directory)
+  return snapshot
+
+
+def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int], Batch],
+             settings: LoopSettings, writer: MetricWriter,
+             checkpointer: Checkpointer | None = None,
+             evaluate: Callable[[Any], dict[str, float]] | None = None,
+             inspect: Callable[[Any], tuple[dict[str, np.ndarray], dict[str, float]]]
+             | None = None) -> LoopResult:
+  """Trains from ``start`` to ``settings.num_steps``.
+
+  Args:
+    start: the snapshot to continue from (step 0 for a fresh run).
+    train_step: from :func:`make_train_step`.
+    batch_at: data position -> device-ready batch (placed/sharded by the caller).
+    settings: the periodic schedule.
+    writer: metric writer (a disabled one on non-zero processes).
+    checkpointer: None disables checkpoints.
+    evaluate: params -> ``{name: float}`` eval metrics, logged under ``eval/``.
+    inspect: params -> (histograms, scalars) logged as given (weights, quantization
+      error), every ``histogram_every`` steps and at the end.
+
+  Every process of a multi-process job must call this (the jitted computations are SPMD).
+  """
+  state, rng, step, position = start.state, start.rng, start.step, start.data_position
+  if step > settings.num_steps:
+    raise ValueError(f"checkpoint step {step} is beyond num_steps={settings.num_steps}")
+  progress = ProgressReporter(settings.num_steps, every_s=settings.progress_every_s)
+  pending: list[tuple[int, Metrics]] = []
+  last_train: dict[str, float] = {}
+  last_eval: dict[str, float] = {}
+  t_start = time.perf_counter()
+  first_step_s = None
+
+  def flush_metrics() -> None:
+    nonlocal last_train
+    if not pending:
+      return
+    fetched = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, fetched):
+      last_train = {k: float(v) for k, v in m.items()}
+      writer.write_scalars(s, {f"train/{k}": v for k, v in last_train.items()})
+      if not np.isfinite(last_train["loss"]):
+        writer.flush()
+        raise FloatingPointError(f"non-finite train loss {last_train['loss']} at step {s}")
+    pending.clear()
+
+  def run_eval() -> None:
+    nonlocal last_eval
+    if evaluate is None:
+      return
+    last_eval = {k: float(v) for k, v in evaluate(state.params).items()}
+    writer.write_scalars(step, {f"eval/{k}": v for k, v in last_eval.items()})
+    logging.info("eval step %d | %s", step,
+                 " | ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())))
+
+  def run_inspect() -> None:
+    if inspect is None:
+      return
+    histograms, scalars = inspect(state.params)
+    writer.write_histograms(step, histograms)
+    writer.write_scalars(step, scalars)
+
+  def save() -> None:
+    if checkpointer is not None:
+      checkpointer.save(Snapshot(state, rng, step, position))
+
+  completed = True
+  with PreemptionWatcher() as preemption:
+    if step == 0:
+      run_eval()
+      run_inspect()
+    while step < settings.num_steps:
+      batch = batch_at(position)
+      rng, step_key = jax.random.split(rng)
+      state, metrics = train_step(state, batch, step_key)
+      step += 1
+      position += 1
+      pending.append((step, metrics))
+      if first_step_s is None:
+        jax.block_until_ready(metrics)
+        first_step_s = time.perf_counter() - t_start
+        writer.write_scalars(step, {"perf/first_step_s": first_step_s})
+        progress.start(step)
+      last = step == settings.num_steps
+      if last or _due(step, settings.log_every):
+        flush_metrics()
+        rate = progress.steps_per_s(step)
+        if rate == rate:
+          writer.write_scalars(step, {"perf/steps_per_s": rate})
+        progress.maybe_log(step, last_train["loss"], force=last)
+      if last or _due(step, settings.eval_every):
+        run_eval()
+      if last or _due(step, settings.histogram_every):
+        run_inspect()
+      stop = step == settings.stop_at_step or preemption.requested(step)
+      if last or stop or _due(step, settings.checkpoint_every):
+        flush_metrics()
+        save()
+      if stop and not last:
+        logging.warning("stopping at step %d of %d (%s); resume with --resume", step,
+                        settings.num_steps, "stop_at_step" if step == settings.stop_at_step
+                        else "preemption")
+        completed = False
+        break
+    if step == start.step and step == settings.num_steps and not last_eval:
+      run_eval()  # resumed from the final checkpoint (e.g. died before writing results)
+  flush_metrics()
+  writer.flush()
+  wall = time.perf_counter() - t_start
+  return LoopResult(snapshot=Snapshot(state, rng, step, position), completed=completed,
+                    train_metrics=last_train, eval_metrics=last_eval,
+                    steps_per_s=progress.steps_per_s(step), wall_s=wall)

@@ -1,0 +1,241 @@
+"""Char-level decoder-only transformer LM on Shakespeare, with a ``--recipe`` per run.
+
+    python -m experiments.lm                        # ~2-3 min on 2 CPU cores
+    python -m experiments.lm --recipe=mxfp8 --workdir=runs/lm/mxfp8
+    python -m experiments.lm --workdir=runs/lm/mxfp8 --resume   # continue a killed run
+
+Writes TensorBoard events, ``config.json`` (config + git commit), orbax checkpoints under
+``<workdir>/checkpoints`` and, when the run completes, one row in ``--results_file``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+
+from experiments.common import distributed
+from experiments.common import log_filters
+from experiments.common import recipe_flag
+from experiments.common import run_metadata
+from experiments.common import shakespeare
+from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.config_flags import config_field, config_from_flags, define_flags
+from experiments.common.results import append_result
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
+                                           restore_or_initialize, run_loop)
+from experiments.common.weight_inspection import make_inspector
+from models.transformer import DecoderLM, TransformerConfig, next_token_loss
+
+EXPERIMENT = "lm"
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """Everything that defines an LM run's result (its flags; written to config.json)."""
+
+  recipe: str = config_field(
+      "bf16", "Numerics recipe for every matmul: fp32, bf16, and with numerics.recipes "
+      "installed also fp8, mxfp8, mxfp4, nvfp4 (see numerics.recipes.names()).")
+  seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.")
+  tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
+  max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).")
+  validation_fraction: float = config_field(0.1, "Last fraction of the text held out.")
+  seq_len: int = config_field(128, "Tokens per training window.")
+  batch_size: int = config_field(32, "Global batch size (split over the data mesh).")
+  d_model: int = config_field(128, "Model width.")
+  num_layers: int = config_field(2, "Transformer blocks.")
+  num_heads: int = config_field(4, "Attention heads.")
+  d_ff: int = config_field(512, "Feed-forward hidden width.")
+  num_steps: int = config_field(1000, "Training steps.")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.")
+  warmup_steps: int = config_field(100, "Linear warmup steps, then cosine decay to 10%.")
+  weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.")
+  beta2: float = config_field(0.95, "AdamW second-moment decay.")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).")
+  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).")
+  eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).")
+  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.")
+  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).")
+  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+
+  def __post_init__(self):
+    for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.warmup_steps < 0 or self.warmup_steps >= self.num_steps:
+      raise ValueError(f"warmup_steps must be in [0, num_steps), got {self.warmup_steps}")
+
+
+def make_optimizer(config: LMConfig) -> optax.GradientTransformation:
+  """AdamW with linear warmup + cosine decay, optionally after global-norm clipping."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, max(config.warmup_steps, 1), config.num_steps,
+      end_value=0.1 * config.learning_rate)
+  adam = optax.adamw(schedule, b2=config.beta2, weight_decay=config.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \
+      if config.grad_clip > 0 else adam
+
+
+def hparams_of(config: LMConfig) -> dict[str, Any]:
+  """The config as TensorBoard HParams (every field: the HParams table compares arms)."""
+  return dataclasses.asdict(config)
+
+
+def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
+  """Trains and evaluates one LM run; returns its summary (metrics and paths).
+
+  Safe to call repeatedly in one process (tests); multi-process setup happens once.
+  """
+  distributed.initialize(options.coordinator_address, options.num_processes,
+                         options.process_id, single_process=options.single_process)
+  options = resolve_run_options(options, EXPERIMENT)
+  writer_process = distributed.is_writer()
+  logging.info("process %d/%d, %d local / %d global devices (%s)", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.default_backend())
+
+  splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
+                                   config.max_chars)
+  model = DecoderLM(
+      TransformerConfig(vocab_size=splits.vocab.size, d_model=config.d_model,
+                        num_layers=config.num_layers, num_heads=config.num_heads,
+                        d_ff=config.d_ff, max_len=config.seq_len),
+      **recipe_flag.make_model_dot_generals(config.recipe))
+  optimizer = make_optimizer(config)
+  mesh = distributed.data_mesh()
+  replicated = distributed.replicated(mesh)
+
+  def loss_fn(params, batch, key):
+    logits = model.apply({"params": params}, batch["inputs"], key)
+    loss, accuracy = next_token_loss(logits, batch["targets"])
+    return loss, {"accuracy": accuracy}
+
+  @functools.partial(jax.jit, out_shardings=replicated)
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    params = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
+                        jax.random.PRNGKey(0))["params"]
+    return init_train_state(params, optimizer), loop_key
+
+  def fresh() -> Snapshot:
+    state, rng = init(jax.random.PRNGKey(config.seed))
+    return Snapshot(state=state, rng=rng, step=0, data_position=0)
+
+  @jax.jit
+  def eval_step(params, batch, key):
+    logits = model.apply({"params": params}, batch["inputs"], key)
+    return next_token_loss(logits, batch["targets"])
+
+  eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
+      splits.validation, num_batches=config.eval_batches, batch_size=config.batch_size,
+      seq_len=config.seq_len)]
+  # A fixed key: stochastic-rounding recipes then evaluate the same way every time.
+  eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
+
+  def evaluate(params) -> dict[str, float]:
+    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
+    loss = float(np.mean([r[0] for r in results]))
+    return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
+            "bits_per_char": loss / np.log(2.0)}
+
+  def batch_at(position: int):
+    return distributed.shard_batch(shakespeare.train_batch(
+        splits.train, seed=config.seed, position=position, batch_size=config.batch_size,
+        seq_len=config.seq_len), mesh)
+
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  start = restore_or_initialize(checkpointer, options.resume, fresh)
+  writer = MetricWriter(options.workdir, enabled=writer_process)
+  if writer_process:
+    run_metadata.write_run_metadata(options.workdir, config, options,
+                                    {"experiment": EXPERIMENT, "vocab_size": splits.vocab.size})
+    if start.step == 0:
+      writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+  n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
+  logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
+               n_params, splits.vocab.size, config.recipe, splits.train.size,
+               splits.validation.size)
+
+  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                          eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                          histogram_every=config.histogram_every,
+                          progress_every_s=config.progress_every_s,
+                          stop_at_step=options.stop_at_step)
+  t0 = time.time()
+  result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
+                    batch_at=batch_at, settings=settings, writer=writer,
+                    checkpointer=checkpointer, evaluate=evaluate,
+                    inspect=make_inspector(model.dot_general))
+  checkpointer.close()
+  summary = {
+      "experiment": EXPERIMENT, "run_name": options.run_name, "workdir": options.workdir,
+      "completed": result.completed, "step": result.snapshot.step,
+      "config": dataclasses.asdict(config),
+      "metrics": {**{f"train/{k}": v for k, v in result.train_metrics.items()},
+                  **{f"eval/{k}": v for k, v in result.eval_metrics.items()}},
+      "steps_per_s": result.steps_per_s, "wall_s": time.time() - t0,
+      "num_params": int(n_params), "resumed_from_step": start.step,
+      "git": run_metadata.git_state(), "backend": jax.default_backend(),
+      "process_count": jax.process_count(), "device_count": jax.device_count(),
+  }
+  if writer_process:
+    if result.completed:
+      # Only a finished run closes its HParams session: readers keep the first end record
+      # of a tag, so a stopped run that is later resumed must not have written one.
+      writer.write_hparams_end(result.snapshot.step, completed=True)
+      append_result(options.results_file, summary)
+  writer.close()
+  return summary
+
+
+def _print_locations(summary: dict[str, Any], options: RunOptions) -> None:
+  workdir = summary["workdir"]
+  print(f"\nrun {summary['run_name']}: {'completed' if summary['completed'] else 'stopped'} "
+        f"at step {summary['step']}")
+  for name, value in sorted(summary["metrics"].items()):
+    print(f"  {name:22s} {value:.4f}")
+  print(f"  steps/s               {summary['steps_per_s']:.2f}")
+  print(f"TensorBoard events: {workdir}")
+  print(f"config + git commit: {os.path.join(workdir, 'config.json')}")
+  print(f"checkpoints:        {os.path.join(workdir, 'checkpoints')}")
+  if summary["completed"]:
+    print(f"results row:        {options.results_file}")
+  else:
+    print("no results row (stopped early); continue with --resume")
+  print(f"view: tensorboard --logdir {workdir} --host 127.0.0.1 --port 6006")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  log_filters.quiet_library_info()
+  config = config_from_flags(LMConfig)
+  options = resolve_run_options(config_from_flags(RunOptions), EXPERIMENT)
+  summary = train_and_evaluate(config, options)
+  if distributed.is_writer():
+    _print_locations(summary, options)
+
+
+def define_all_flags() -> None:
+  """Defines this script's flags (config + run options); called only when run as a script."""
+  define_flags(LMConfig)
+  define_flags(RunOptions)
+  for name in [f.name for f in dataclasses.fields(LMConfig) + dataclasses.fields(RunOptions)]:
+    flags.declare_key_flag(name)
+
+
+if __name__ == "__main__":
+  define_all_flags()
+  app.run(main)

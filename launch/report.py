@@ -1,0 +1,168 @@
+"""Builds ``REPORT.md`` for a sweep from its results rows and TensorBoard curves.
+
+    python -m launch.report --sweep_dir=runs/sweeps/lm_recipes
+
+The report has the ablation table (mean ± sample std over seeds), paired differences
+against the baseline arm with 95% t-intervals, per-run rows, and PNG plots of the curves.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from absl import app, flags
+
+from experiments.common.results import read_results
+from experiments.common.tensorboard_reader import read_scalars
+from launch.ablation_stats import paired_difference, summarize
+from launch.curve_plots import plot_curves
+from launch.sweep_spec import read_manifest, read_sweep_info
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _slug(tag: str) -> str:
+  return tag.replace("/", "_")
+
+
+def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
+  """Writes ``<sweep_dir>/REPORT.md`` and ``<sweep_dir>/plots/*.png``; returns the report path."""
+  sweep_dir = os.path.abspath(sweep_dir)
+  info = read_sweep_info(sweep_dir)
+  manifest = read_manifest(sweep_dir)
+  by_name = {m["run_name"]: m for m in manifest}
+  rows = {}
+  for row in read_results(os.path.join(sweep_dir, "results.jsonl")):
+    if row.get("run_name") in by_name:
+      rows[row["run_name"]] = row  # a re-run's later row wins
+  arms = [a["name"] for a in info["arms"]]
+  baseline = info["baseline"]
+  metrics = info["metrics"]
+  higher = set(info.get("higher_is_better", []))
+
+  # arm -> metric -> seed -> value
+  values: dict[str, dict[str, dict[int, float]]] = {a: collections.defaultdict(dict) for a in arms}
+  for name, row in rows.items():
+    m = by_name[name]
+    for metric in metrics:
+      v = row.get("metrics", {}).get(metric)
+      if isinstance(v, (int, float)) and math.isfinite(v):
+        values[m["arm"]][metric][m["seed"]] = float(v)
+
+  lines = [f"# Sweep `{info['name']}`", ""]
+  if info.get("description"):
+    lines += [info["description"], ""]
+  git = info.get("git", {})
+  lines += [
+      f"- experiment: `python -m {info['module']}`; arms: {', '.join(f'`{a}`' for a in arms)} "
+      f"(baseline `{baseline}`); seeds: {info['seeds']}",
+      f"- runs completed: {len(rows)} of {len(manifest)}; git commit `{git.get('commit', '?')}`"
+      + (" (dirty)" if git.get("dirty") else ""),
+      f"- report built {time.strftime('%Y-%m-%d %H:%M:%S')} from `{sweep_dir}`", ""]
+  missing = [m["run_name"] for m in manifest if m["run_name"] not in rows]
+  if missing:
+    lines += ["**Missing runs** (no results row; see their `launch.log`): "
+              + ", ".join(f"`{n}`" for n in missing), ""]
+  for a in info["arms"]:
+    lines.append(f"- arm `{a['name']}` overrides: `{a['overrides']}`")
+  lines.append("")
+
+  lines += ["## Ablation table", "",
+            f"Mean ± sample std over seeds (n = completed seeds). "
+            + ", ".join(f"`{m}` {'higher' if m in higher else 'lower'} is better"
+                        for m in metrics) + ".", ""]
+  lines.append("| arm | n | " + " | ".join(f"`{m}`" for m in metrics) + " |")
+  lines.append("|---|---|" + "---|" * len(metrics))
+  for a in arms:
+    cells = []
+    n = 0
+    for metric in metrics:
+      s = summarize(list(values[a][metric].values()))
+      n = max(n, s.n)
+      cells.append(f"{_fmt(s.mean)} ± {_fmt(s.std)}" if s.n else "n/a")
+    lines.append(f"| `{a}`{' (baseline)' if a == baseline else ''} | {n} | "
+                 + " | ".join(cells) + " |")
+  lines.append("")
+
+  pct = int(round(confidence * 100))
+  lines += [f"## Paired differences against `{baseline}`", "",
+            f"Per seed `arm − {baseline}`, then mean and a {pct}% t-interval "
+            "(mean ± t·sd/√n, n − 1 degrees of freedom). An interval that excludes 0 is "
+            "marked *.", ""]
+  lines.append("| arm | metric | mean diff | " + f"{pct}% CI | n pairs |")
+  lines.append("|---|---|---|---|---|")
+  for a in arms:
+    if a == baseline:
+      continue
+    for metric in metrics:
+      d = paired_difference(values[a][metric], values[baseline][metric], confidence)
+      star = "*" if d.n >= 2 and (d.ci_low > 0 or d.ci_high < 0) else ""
+      lines.append(f"| `{a}` | `{metric}` | {_fmt(d.mean)}{star} | "
+                   f"[{_fmt(d.ci_low)}, {_fmt(d.ci_high)}] | {d.n} |")
+  lines.append("")
+
+  lines += ["## Curves", ""]
+  curves_by_tag: dict[str, dict[str, list]] = {t: collections.defaultdict(list)
+                                              for t in info.get("curves", [])}
+  for m in manifest:
+    if not os.path.isdir(m["workdir"]):
+      continue
+    scalars = read_scalars(m["workdir"])
+    for tag in curves_by_tag:
+      if tag in scalars:
+        curves_by_tag[tag][m["arm"]].append(scalars[tag])
+  for tag, curves in curves_by_tag.items():
+    if not curves:
+      lines += [f"(no `{tag}` events found)", ""]
+      continue
+    ordered = {a: curves[a] for a in arms if a in curves}
+    rel = os.path.join("plots", f"{_slug(tag)}.png")
+    plot_curves(tag, ordered, os.path.join(sweep_dir, rel), baseline=baseline)
+    lines += [f"![{tag}]({rel})", ""]
+
+  lines += ["## Runs", "", "| run | arm | seed | " + " | ".join(f"`{m}`" for m in metrics)
+            + " | steps/s | wall s |", "|---|---|---|" + "---|" * (len(metrics) + 2)]
+  for m in manifest:
+    row = rows.get(m["run_name"])
+    if row is None:
+      lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {m['seed']} | "
+                   + " | ".join("missing" for _ in metrics) + " | | |")
+      continue
+    vals = [_fmt(row["metrics"].get(metric, math.nan)) for metric in metrics]
+    lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {m['seed']} | " + " | ".join(vals)
+                 + f" | {_fmt(row.get('steps_per_s', math.nan), 2)} | "
+                 f"{_fmt(row.get('wall_s', math.nan), 1)} |")
+  lines += ["", "## Reproduce", "",
+            f"Every run's full command is in `{os.path.join(sweep_dir, 'manifest.jsonl')}`. "
+            f"TensorBoard: `tensorboard --logdir {os.path.join(sweep_dir, 'runs')} "
+            "--host 127.0.0.1`.", ""]
+  path = os.path.join(sweep_dir, "REPORT.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  return path
+
+
+def define_flags() -> None:
+  """Defines this script's flags (only when run as a script)."""
+  flags.DEFINE_string("sweep_dir", None, "The sweep's output directory.")
+  flags.DEFINE_float("confidence", 0.95, "Confidence level of the intervals.")
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  print(build_report(flags.FLAGS.sweep_dir, flags.FLAGS.confidence))
+  return 0
+
+
+if __name__ == "__main__":
+  define_flags()
+  flags.mark_flag_as_required("sweep_dir")
+  app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,72 @@
+"""The TF-free TensorBoard writer, read back with EventAccumulator (size_guidance 0)."""
+
+import numpy as np
+import pytest
+
+from experiments.common.tensorboard_reader import (load, read_hparams_experiment,
+                                                   read_hparams_session, read_histograms,
+                                                   read_scalars)
+from experiments.common.tensorboard_writer import (MetricWriter, histogram_proto,
+                                                   write_hparams_experiment)
+
+
+def test_scalars_histograms_hparams_roundtrip(tmp_path):
+  w = MetricWriter(str(tmp_path))
+  w.write_hparams({"recipe": "bf16", "lr": 0.01, "layers": 2, "flag": True}, trial_id="t0")
+  for step in range(1, 301):  # more than the default reservoir keeps for histograms
+    w.write_scalars(step, {"train/loss": 1.0 / step, "perf/steps_per_s": 3.0})
+  rng = np.random.default_rng(0)
+  for step in (100, 200, 300):
+    w.write_histograms(step, {"params/w": rng.standard_normal(1000)})
+  w.write_hparams_end(300, completed=True)
+  w.close()
+
+  scalars = read_scalars(str(tmp_path))
+  assert [s for s, _ in scalars["train/loss"]] == list(range(1, 301))
+  np.testing.assert_array_equal([v for _, v in scalars["train/loss"]],
+                                np.float32(1.0 / np.arange(1, 301)))
+  hists = read_histograms(str(tmp_path))
+  assert [s for s, _ in hists["params/w"]] == [100, 200, 300]
+  assert hists["params/w"][0][1].num == 1000
+  session = read_hparams_session(str(tmp_path))
+  assert session["trial_id"] == "t0"
+  assert session["hparams"] == {"recipe": "bf16", "lr": 0.01, "layers": 2.0, "flag": True}
+  assert session["status"] == "STATUS_SUCCESS"
+  assert "_hparams_/session_start_info" in load(str(tmp_path)).Tags()["tensors"]
+
+
+def test_stopped_session_and_disabled_writer(tmp_path):
+  w = MetricWriter(str(tmp_path / "a"))
+  w.write_hparams({"x": 1}, trial_id="a")
+  w.write_hparams_end(5, completed=False)
+  w.close()
+  assert read_hparams_session(str(tmp_path / "a"))["status"] == "STATUS_RUNNING"
+  off = MetricWriter(str(tmp_path / "off"), enabled=False)
+  off.write_scalars(1, {"x": 1.0})
+  off.write_hparams({"x": 1}, trial_id="t")
+  off.close()
+  assert not (tmp_path / "off").exists()
+
+
+def test_experiment_summary(tmp_path):
+  write_hparams_experiment(str(tmp_path), {"recipe": ["bf16", "mxfp8"], "seed": [0, 1]},
+                           ["eval/loss"])
+  exp = read_hparams_experiment(str(tmp_path))
+  assert exp["hparams"]["recipe"] == ["bf16", "mxfp8"]
+  assert exp["hparams"]["seed"] == [0.0, 1.0]
+  assert exp["metrics"] == ["eval/loss"]
+
+
+def test_histogram_proto_edge_cases():
+  h = histogram_proto(np.full(10, 3.0))
+  assert h.num == 10 and h.min == 3.0 and h.max == 3.0 and sum(h.bucket) == 10
+  h = histogram_proto(np.array([np.nan, 1.0, 2.0]))
+  assert h.num == 2
+  assert histogram_proto(np.array([])).num == 0
+
+
+def test_hparams_type_checked(tmp_path):
+  w = MetricWriter(str(tmp_path))
+  with pytest.raises(TypeError, match="bad"):
+    w.write_hparams({"bad": [1, 2]}, trial_id="t")
+  w.close()

@@ -1,0 +1,99 @@
+"""Sweep declaration, expansion to a manifest, the CLI dry run and the SLURM script."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.lm import LMConfig
+from launch import sweeps
+from launch.slurm import SlurmOptions, write_array_script
+from launch.sweep import prepare
+from launch.sweep_spec import Arm, Sweep, expand, read_manifest, swept_hparams, write_manifest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_registry():
+  assert {"lm_recipes", "lm_builtin_recipes"} <= set(sweeps.names())
+  with pytest.raises(KeyError, match="known"):
+    sweeps.get("nope")
+
+
+def test_expand_lm_recipes(tmp_path):
+  sweep = sweeps.get("lm_recipes")
+  runs = expand(sweep, str(tmp_path))
+  assert [(r.arm, r.seed) for r in runs] == [("bf16", 0), ("bf16", 1), ("mxfp8", 0),
+                                            ("mxfp8", 1)]
+  assert len({r.run_name for r in runs}) == 4
+  for r in runs:
+    assert r.workdir == os.path.join(str(tmp_path), "runs", r.run_name)
+    assert r.config["recipe"] == r.arm and r.config["seed"] == r.seed
+    assert r.command[1:3] == ("-m", "experiments.lm")
+    for f in dataclasses.fields(LMConfig):  # every field is explicit in the command
+      assert any(c.startswith(f"--{f.name}=") for c in r.command), f.name
+    assert "--resume" in r.command and f"--results_file={tmp_path}/results.jsonl" in r.command
+  assert swept_hparams(sweep, runs) == {"recipe": ["bf16", "mxfp8"], "seed": [0, 1]}
+
+
+def test_overrides_and_validation(tmp_path):
+  sweep = sweeps.get("lm_builtin_recipes")
+  _, runs = prepare(sweep, str(tmp_path), ["num_steps=7", "d_model=16"])
+  assert all(r.config["num_steps"] == 7 and r.config["d_model"] == 16 for r in runs)
+  assert {r.run_name for r in runs}.isdisjoint(
+      {r.run_name for r in prepare(sweep, str(tmp_path), [])[1]})  # names encode overrides
+  sub, runs = prepare(sweep, str(tmp_path), [], seeds=[1])
+  assert sub.seeds == (1,) and [r.seed for r in runs] == [1, 1]
+  with pytest.raises(ValueError, match="not declared"):
+    prepare(sweep, str(tmp_path), [], seeds=[5])
+  with pytest.raises(ValueError, match="no field"):
+    prepare(sweep, str(tmp_path), ["bogus=1"])
+  base = LMConfig()
+  with pytest.raises(ValueError, match="baseline"):
+    Sweep("s", "experiments.lm", base, (Arm("a"),), (0,), baseline="b")
+  with pytest.raises(ValueError, match="duplicate"):
+    Sweep("s", "experiments.lm", base, (Arm("a"), Arm("a")), (0,), baseline="a")
+  with pytest.raises(ValueError, match="no field"):
+    Sweep("s", "experiments.lm", base, (Arm("a", {"lr": 1.0}),), (0,), baseline="a")
+  with pytest.raises(ValueError, match="seeds"):
+    Sweep("s", "experiments.lm", base, (Arm("a"),), (0, 0), baseline="a")
+
+
+def test_manifest_roundtrip(tmp_path):
+  sweep = sweeps.get("lm_builtin_recipes")
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  lines = read_manifest(str(tmp_path))
+  assert [l["run_name"] for l in lines] == [r.run_name for r in runs]
+  assert lines[0]["shell"].split()[1:3] == ["-m", "experiments.lm"]
+  info = json.load(open(tmp_path / "sweep.json"))
+  assert info["baseline"] == "fp32" and info["num_runs"] == 4
+
+
+def test_cli_dry_run_prints_commands_and_writes_nothing(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "launch.sweep", "--sweep=lm_recipes",
+                        "--dry_run", f"--sweep_dir={tmp_path / 'sw'}"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  commands = [l for l in out.stdout.splitlines() if l and not l.startswith("#")]
+  assert len(commands) == 4
+  assert all(" -m experiments.lm " in c for c in commands)
+  assert sum("--recipe=mxfp8" in c for c in commands) == 2
+  assert not (tmp_path / "sw").exists()
+
+
+def test_slurm_array_script(tmp_path):
+  runs = expand(sweeps.get("lm_builtin_recipes"), str(tmp_path))
+  path = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(max_concurrent=2,
+                                                                     gpus_per_task=1))
+  text = open(path).read()
+  assert "#SBATCH --array=0-3%2" in text and "#SBATCH --gpus-per-task=1" in text
+  assert "SLURM_ARRAY_TASK_ID + 1" in text and "srun" not in text
+  commands = open(tmp_path / "commands.txt").read().splitlines()
+  assert commands == [r.shell_command() for r in runs]
+  assert subprocess.run(["bash", "-n", path]).returncode == 0
+  multi = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(nodes=2))
+  assert 'srun bash -c "${CMD}"' in open(multi).read()
