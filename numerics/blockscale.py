@@ -285,9 +285,26 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   return jnp.where(poison, jnp.uint8(0), codes), scale_codes
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "fmt", "block_size", "axis", "block_shape", "scale_rule", "rounding", "rand_bits",
-    "pad", "rng"))
+def _mx_prologue(x, fmt, block_size, axis, block_shape, pad, key, rounding, rng,
+                 rand_bits):
+  """Validated (format, float32 x, axes, blocks, padded x, random words) for MX."""
+  f = formats_lib.get(fmt)
+  if f.name not in MX_ELEMENT_FORMATS:
+    raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
+                     f"{f.name!r}")
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  xp = _pad(x, axes, blocks, pad)
+  words = _words(key, xp.shape, rounding, rng)
+  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
+  return f, x, axes, blocks, xp, words
+
+
+_MX_STATIC = ("fmt", "block_size", "axis", "block_shape", "scale_rule", "rounding",
+              "rand_bits", "pad", "rng")
+
+
+@functools.partial(jax.jit, static_argnames=_MX_STATIC)
 def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                            block_size: int = 32, axis: int | Sequence[int] = -1,
                            block_shape: Sequence[int] | None = None,
@@ -301,15 +318,8 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   exponent arithmetic, skipping the uint8 encode/decode. Equal bit for bit to the
   two-step form (tested). Arguments as :func:`quantize_mx`; returns float32.
   """
-  f = formats_lib.get(fmt)
-  if f.name not in MX_ELEMENT_FORMATS:
-    raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
-                     f"{f.name!r}")
-  x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
-  xp = _pad(x, axes, blocks, pad)
-  words = _words(key, xp.shape, rounding, rng)
-  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
+  f, x, axes, blocks, xp, words = _mx_prologue(x, fmt, block_size, axis, block_shape,
+                                               pad, key, rounding, rng, rand_bits)
   elem, _, s_full, poison = _mx_elements(xp, f, axes, blocks, scale_rule, rounding,
                                          words, rand_bits)
   mag = rounding_lib.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
@@ -321,7 +331,7 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   return out[tuple(slice(0, d) for d in x.shape)]
 
 
-@functools.partial(jax.jit, static_argnames=('fmt', 'block_size', 'axis', 'block_shape', 'scale_rule', 'rounding', 'rand_bits', 'pad', 'rng'))
+@functools.partial(jax.jit, static_argnames=_MX_STATIC)
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                 block_size: int = 32, axis: int | Sequence[int] = -1,
                 block_shape: Sequence[int] | None = None,
@@ -348,16 +358,9 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   Returns:
     A :class:`QuantizedArray`; ``dequantize`` gives ``element * 2^(code - 127)``.
   """
-  f = formats_lib.get(fmt)
-  if f.name not in MX_ELEMENT_FORMATS:
-    raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
-                     f"{f.name!r}")
-  x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  f, x, axes, blocks, xp, words = _mx_prologue(x, fmt, block_size, axis, block_shape,
+                                               pad, key, rounding, rng, rand_bits)
   shape = tuple(x.shape)
-  xp = _pad(x, axes, blocks, pad)
-  words = _words(key, xp.shape, rounding, rng)
-  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
   codes, scale_codes = mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
                                        words, rand_bits)
   return QuantizedArray(codes=codes, scales=scale_codes,
@@ -366,7 +369,8 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                         scale_rule=scale_rule)
 
 
-@functools.partial(jax.jit, static_argnames=('axis', 'block_shape', 'rounding', 'rand_bits', 'pad', 'rng'))
+@functools.partial(jax.jit, static_argnames=(
+    "axis", "block_shape", "rounding", "rand_bits", "pad", "rng"))
 def quantize_nvfp4(x: jax.Array, *, axis: int | Sequence[int] = -1,
                    block_shape: Sequence[int] | None = None,
                    rounding: str = "nearest", key: jax.Array | None = None,

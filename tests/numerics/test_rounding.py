@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import numerics
+from tests.numerics.format_values import all_values
 from numerics import formats
 
 NAMES = formats.names()
@@ -108,16 +109,6 @@ def ref_toward_zero(x, name, saturate=False):
   return out.astype(np.float32)
 
 
-def all_values(name):
-  f = formats.get(name)
-  if f.kind == "int":
-    return np.arange(-127, 128, dtype=np.float64)
-  codes = np.arange(2 ** f.bits, dtype=np.uint32)
-  codes = codes.astype(np.uint8 if np.dtype(f.np_dtype).itemsize == 1 else np.uint16)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    v = codes.view(f.np_dtype).astype(np.float64)
-  return v[np.isfinite(v)]
 
 
 def boundary_inputs(name):

@@ -31,6 +31,7 @@ import pytest
 from scipy import stats
 
 import numerics
+from tests.numerics.format_values import all_values
 from numerics import formats
 from numerics import random_bits
 
@@ -42,16 +43,6 @@ GENERATORS = ("hash", "threefry")
 # ----------------------------------------------------------------------------- references
 
 
-def all_values(name):
-  f = formats.get(name)
-  if f.kind == "int":
-    return np.arange(-127, 128, dtype=np.float64)
-  codes = np.arange(2 ** f.bits, dtype=np.uint32)
-  codes = codes.astype(np.uint8 if np.dtype(f.np_dtype).itemsize == 1 else np.uint16)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    v = codes.view(f.np_dtype).astype(np.float64)
-  return v[np.isfinite(v)]
 
 
 def grid_neighbours(x, name):
