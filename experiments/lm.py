@@ -45,8 +45,9 @@ class LMConfig:
   """Everything that defines an LM run's result (its flags; written to config.json)."""
 
   recipe: str = config_field(
-      "bf16", "Numerics recipe for every matmul: fp32, bf16, and with numerics.recipes "
-      "installed also fp8, mxfp8, mxfp4, nvfp4 (see numerics.recipes.names()).")
+      "bf16", "Numerics recipe of the linear projections (attention products and the LM "
+      "head stay bf16, as in ALTO): fp32, or any of numerics.recipes.names() (bf16, fp8, "
+      "mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
   seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.")
   tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
   max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).")
