@@ -178,7 +178,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
   result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
                     batch_at=batch_at, settings=settings, writer=writer,
                     checkpointer=checkpointer, evaluate=evaluate,
-                    inspect=make_inspector(model.dot_general))
+                    inspect=make_inspector(model.dot_general, skip_prefixes=("head",)))
   checkpointer.close()
   summary = {
       "experiment": EXPERIMENT, "run_name": options.run_name, "workdir": options.workdir,
