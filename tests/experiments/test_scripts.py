@@ -1,0 +1,39 @@
+"""Smoke tests of the small numerics scripts: they run and print what they claim."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args):
+  out = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                       timeout=300, check=True)
+  return out.stdout
+
+
+def test_operator_snr_prints_table():
+  out = _run("experiments.operator_snr", "--recipes=bf16,mxfp4", "--tokens=64", "--k=64",
+             "--n=64", "--repeats=1")
+  rows = {l.split()[0]: [float(v) for v in l.split()[1:]] for l in out.splitlines()
+          if l.split() and l.split()[0] in ("bf16", "mxfp4")}
+  assert set(rows) == {"bf16", "mxfp4"}
+  assert all(b > m for b, m in zip(rows["bf16"], rows["mxfp4"]))
+
+
+def test_demo_formats_prints_every_format():
+  out = _run("experiments.demo_formats", "--rows=32", "--cols=64")
+  for name in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8", "bf16", "fp16", "nvfp4"):
+    assert f"\n{name} " in out
+  assert "MX 32x32 floor" in out
+
+
+@pytest.mark.parametrize("script,args", [
+    ("experiments.bench_numerics", ["--size=65536", "--repeats=1"]),
+    ("experiments.bench_qtrain", ["--d_model=32", "--layers=1", "--batch=2", "--seq=32",
+                                  "--repeats=1", "--recipes=bf16,mxfp8"]),
+    ("numerics.kernels.check", ["--interpret", "--skip_tests"]),
+])
+def test_benchmarks_run_small(script, args):
+  out = _run(script, *args)
+  assert out.strip()
