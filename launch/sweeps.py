@@ -46,9 +46,23 @@ def lm_builtin_recipes() -> Sweep:
       description="Built-in recipes only; exercises the whole launch/report path quickly.")
 
 
+def temperon() -> Sweep:
+  """Temperon in miniature (declared in launch/sweep_temperon.py)."""
+  from launch import sweep_temperon  # pylint: disable=import-outside-toplevel
+  return sweep_temperon.temperon()
+
+
+def memoir() -> Sweep:
+  """Memoir coupled vs read-only pondering (declared in launch/sweep_memoir.py)."""
+  from launch import sweep_memoir  # pylint: disable=import-outside-toplevel
+  return sweep_memoir.memoir()
+
+
 _REGISTRY: dict[str, Callable[[], Sweep]] = {
     "lm_recipes": lm_recipes,
     "lm_builtin_recipes": lm_builtin_recipes,
+    "temperon": temperon,
+    "memoir": memoir,
 }
 
 
