@@ -29,7 +29,7 @@ from experiments.common import run_metadata
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.results import append_result
+from experiments.common.results import finish_run
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
@@ -192,12 +192,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
       "process_count": jax.process_count(), "device_count": jax.device_count(),
   }
   if writer_process:
-    if result.completed:
-      # Only a finished run closes its HParams session: readers keep the first end record
-      # of a tag, so a stopped run that is later resumed must not have written one.
-      writer.write_hparams_end(result.snapshot.step, completed=True)
-      append_result(options.results_file, summary)
-  writer.close()
+    finish_run(writer, options.results_file, summary, completed=result.completed,
+               step=result.snapshot.step)
+  else:
+    writer.close()
   return summary
 
 

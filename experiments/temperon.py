@@ -38,7 +38,7 @@ from experiments.common import log_filters
 from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.results import append_result
+from experiments.common.results import finish_run
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
@@ -306,10 +306,8 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
       "num_params": int(n_params), "resumed_from_step": start.step,
       "git": run_metadata.git_state(), "backend": jax.default_backend(),
   }
-  if result.completed:
-    writer.write_hparams_end(result.snapshot.step, completed=True)
-    append_result(options.results_file, summary)
-  writer.close()
+  finish_run(writer, options.results_file, summary, completed=result.completed,
+             step=result.snapshot.step)
   return summary
 
 

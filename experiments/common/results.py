@@ -50,3 +50,17 @@ def read_results(path: str) -> list[dict[str, Any]]:
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{lineno}: not a JSON row: {e}") from e
   return rows
+
+
+def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
+               completed: bool, step: int) -> None:
+  """Closes a run: for a completed run, the HParams end record and one results row.
+
+  Only a finished run closes its HParams session: readers keep the first end record of
+  a tag, so a stopped run that is later resumed must not have written one (and it
+  writes no results row either).
+  """
+  if completed:
+    writer.write_hparams_end(step, completed=True)
+    append_result(results_file, summary)
+  writer.close()
