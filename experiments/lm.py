@@ -29,7 +29,7 @@ from experiments.common import run_metadata
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.results import finish_run
+from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
@@ -180,17 +180,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
                     checkpointer=checkpointer, evaluate=evaluate,
                     inspect=make_inspector(model.dot_general, skip_prefixes=("head",)))
   checkpointer.close()
-  summary = {
-      "experiment": EXPERIMENT, "run_name": options.run_name, "workdir": options.workdir,
-      "completed": result.completed, "step": result.snapshot.step,
-      "config": dataclasses.asdict(config),
-      "metrics": {**{f"train/{k}": v for k, v in result.train_metrics.items()},
-                  **{f"eval/{k}": v for k, v in result.eval_metrics.items()}},
-      "steps_per_s": result.steps_per_s, "wall_s": time.time() - t0,
-      "num_params": int(n_params), "resumed_from_step": start.step,
-      "git": run_metadata.git_state(), "backend": jax.default_backend(),
-      "process_count": jax.process_count(), "device_count": jax.device_count(),
-  }
+  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                        num_params=n_params, resumed_from_step=start.step,
+                        process_count=jax.process_count(),
+                        device_count=jax.device_count())
   if writer_process:
     finish_run(writer, options.results_file, summary, completed=result.completed,
                step=result.snapshot.step)

@@ -34,7 +34,7 @@ from experiments.common import log_filters
 from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.results import finish_run
+from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
@@ -185,17 +185,9 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                     batch_at=batch_at, settings=settings, writer=writer,
                     checkpointer=checkpointer, evaluate=evaluate)
   checkpointer.close()
-  summary = {
-      "experiment": EXPERIMENT, "run_name": options.run_name, "workdir": options.workdir,
-      "completed": result.completed, "step": result.snapshot.step,
-      "config": dataclasses.asdict(config),
-      "metrics": {**{f"train/{k}": v for k, v in result.train_metrics.items()},
-                  **{f"eval/{k}": v for k, v in result.eval_metrics.items()}},
-      "steps_per_s": result.steps_per_s, "wall_s": time.time() - t0,
-      "num_params": n_params, "forward_macs_per_sample": macs,
-      "resumed_from_step": start.step, "git": run_metadata.git_state(),
-      "backend": jax.default_backend(),
-  }
+  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                        num_params=n_params, resumed_from_step=start.step,
+                        forward_macs_per_sample=macs)
   finish_run(writer, options.results_file, summary, completed=result.completed,
              step=result.snapshot.step)
   return summary

@@ -38,7 +38,7 @@ from experiments.common import log_filters
 from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.results import finish_run
+from experiments.common.results import finish_run, loop_metrics, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
@@ -284,8 +284,7 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
       writer.write_scalars(s + 1, {"perf/step_s": dt})
   writer.flush()
 
-  metrics = {**{f"train/{k}": v for k, v in result.train_metrics.items()},
-             **{f"eval/{k}": v for k, v in result.eval_metrics.items()}}
+  metrics = loop_metrics(result)
   curve = read_scalars(options.workdir).get("eval/accuracy", [])
   evals = sum(config.grad_evals(s) for s in range(config.num_steps))
   metrics["cost/grad_evals_per_step"] = evals / config.num_steps
@@ -298,14 +297,9 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                                        if math.isfinite(s) else math.nan)
     metrics[f"time_to/{t:g}"] = calibrated_seconds(config, s, phase_s)
     metrics[f"reached/{t:g}"] = float(math.isfinite(s))
-  summary = {
-      "experiment": EXPERIMENT, "run_name": options.run_name, "workdir": options.workdir,
-      "completed": result.completed, "step": result.snapshot.step,
-      "config": dataclasses.asdict(config), "metrics": metrics,
-      "steps_per_s": result.steps_per_s, "wall_s": time.time() - t0,
-      "num_params": int(n_params), "resumed_from_step": start.step,
-      "git": run_metadata.git_state(), "backend": jax.default_backend(),
-  }
+  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                        num_params=n_params, resumed_from_step=start.step,
+                        metrics=metrics)
   finish_run(writer, options.results_file, summary, completed=result.completed,
              step=result.snapshot.step)
   return summary

@@ -5,8 +5,14 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import dataclasses
 import os
+import time
 from typing import Any
+
+import jax
+
+from experiments.common import run_metadata
 
 
 def _jsonable(value: Any) -> Any:
@@ -64,3 +70,29 @@ def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
     writer.write_hparams_end(step, completed=True)
     append_result(results_file, summary)
   writer.close()
+
+
+def loop_metrics(result: Any) -> dict[str, float]:
+  """A finished loop's final metrics as ``train/<name>`` and ``eval/<name>``."""
+  return {**{f"train/{k}": v for k, v in result.train_metrics.items()},
+          **{f"eval/{k}": v for k, v in result.eval_metrics.items()}}
+
+
+def run_summary(experiment: str, options: Any, config: Any, result: Any, *,
+                start_time: float, num_params: int, resumed_from_step: int,
+                metrics: dict[str, float] | None = None, **extra: Any) -> dict[str, Any]:
+  """The results row of one run: identity, config, final metrics, speed, provenance.
+
+  ``metrics`` defaults to :func:`loop_metrics`; ``extra`` adds experiment-specific
+  fields (e.g. multiply-accumulate counts).
+  """
+  return {
+      "experiment": experiment, "run_name": options.run_name,
+      "workdir": options.workdir, "completed": result.completed,
+      "step": result.snapshot.step, "config": dataclasses.asdict(config),
+      "metrics": loop_metrics(result) if metrics is None else metrics,
+      "steps_per_s": result.steps_per_s, "wall_s": time.time() - start_time,
+      "num_params": int(num_params), "resumed_from_step": resumed_from_step,
+      "git": run_metadata.git_state(), "backend": jax.default_backend(),
+      **extra,
+  }
