@@ -10,28 +10,20 @@ float32 array (one read, one write). Lower is better; 1.0 means as fast as a cop
 
 from __future__ import annotations
 
-import time
-
 from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 
 import numerics
+from numerics import benchmarking
 
 _SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "number of float32 elements")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "timed calls per op (the minimum is kept)")
 
 
 def _time(fn, *args, repeats: int) -> float:
-  fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - t0)
-  return best
+  return benchmarking.best_time(jax.jit(fn), *args, repeats=repeats)
 
 
 def run(size: int, repeats: int) -> tuple[list[tuple[str, float]], float]:

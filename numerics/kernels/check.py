@@ -15,7 +15,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import numerics
+from numerics import benchmarking
 from numerics import kernels
 
 _INTERPRET = flags.DEFINE_bool("interpret", False, "interpret mode (no accelerator)")
@@ -32,14 +32,8 @@ _MM = flags.DEFINE_integer("mm", 4096, "M = N = K of the timed matmul")
 _SKIP_TESTS = flags.DEFINE_bool("skip_tests", False, "only time the kernels")
 
 
-def _time(fn, *args, repeats=10):
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - t0)
-  return best
+def _time(fn, *args):
+  return benchmarking.best_time(fn, *args, repeats=10)
 
 
 def run_tests(interpret: bool) -> int:
