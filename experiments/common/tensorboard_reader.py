@@ -50,43 +50,47 @@ def read_histograms(logdir: str) -> dict[str, list[tuple[int, Any]]]:
           for tag in acc.Tags().get("histograms", [])}
 
 
+def _hparams_content(logdir: str) -> dict[str, bytes]:
+  """The HParams plugin's raw records in ``logdir`` by tag (empty if none)."""
+  try:
+    return load(logdir).PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+  except KeyError:
+    return {}
+
+
+def _parse(content: dict[str, bytes], tag: str):
+  """The parsed HParams record ``tag``, or None if absent."""
+  raw = content.get(tag)
+  return None if raw is None else plugin_data_pb2.HParamsPluginData.FromString(raw)
+
+
 def read_hparams_session(logdir: str) -> dict[str, Any] | None:
   """The HParams session in ``logdir``: ``{"trial_id", "hparams": {name: value}, "status"}``.
 
   ``status`` is the session-end status name (e.g. ``"STATUS_SUCCESS"``) or None.
   """
-  acc = load(logdir)
-  try:
-    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
-  except KeyError:
+  content = _hparams_content(logdir)
+  start = _parse(content, hparams_metadata.SESSION_START_INFO_TAG)
+  if start is None:
     return None
-  raw = content.get(hparams_metadata.SESSION_START_INFO_TAG)
-  if raw is None:
-    return None
-  info = plugin_data_pb2.HParamsPluginData.FromString(raw).session_start_info
+  info = start.session_start_info
   hparams = {}
   for name, value in info.hparams.items():
     kind = value.WhichOneof("kind")
     hparams[name] = getattr(value, kind) if kind else None
   result = {"trial_id": info.group_name, "hparams": hparams, "status": None}
-  raw_end = content.get(hparams_metadata.SESSION_END_INFO_TAG)
-  if raw_end is not None:
-    end = plugin_data_pb2.HParamsPluginData.FromString(raw_end).session_end_info
-    result["status"] = api_pb2.Status.Name(end.status)
+  end = _parse(content, hparams_metadata.SESSION_END_INFO_TAG)
+  if end is not None:
+    result["status"] = api_pb2.Status.Name(end.session_end_info.status)
   return result
 
 
 def read_hparams_experiment(logdir: str) -> dict[str, Any] | None:
   """The HParams experiment summary in ``logdir``: hparam names/domains and metric tags."""
-  acc = load(logdir)
-  try:
-    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
-  except KeyError:
+  data = _parse(_hparams_content(logdir), hparams_metadata.EXPERIMENT_TAG)
+  if data is None:
     return None
-  raw = content.get(hparams_metadata.EXPERIMENT_TAG)
-  if raw is None:
-    return None
-  exp = plugin_data_pb2.HParamsPluginData.FromString(raw).experiment
+  exp = data.experiment
   return {"hparams": {h.name: [v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
                                for v in h.domain_discrete.values] for h in exp.hparam_infos},
           "metrics": [m.name.tag for m in exp.metric_infos]}
