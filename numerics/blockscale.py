@@ -296,7 +296,7 @@ def _mx_prologue(x, fmt, block_size, axis, block_shape, pad, key, rounding, rng,
   axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
   xp = _pad(x, axes, blocks, pad)
   words = _words(key, xp.shape, rounding, rng)
-  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
+  rounding_lib.check_rand_bits(rand_bits)
   return f, x, axes, blocks, xp, words
 
 
@@ -394,7 +394,7 @@ def quantize_nvfp4(x: jax.Array, *, axis: int | Sequence[int] = -1,
   shape = tuple(x.shape)
   xp = _pad(x, axes, blocks, pad)
   words = _words(key, xp.shape, rounding, rng)
-  rounding_lib._check_rand_bits(rand_bits)  # pylint: disable=protected-access
+  rounding_lib.check_rand_bits(rand_bits)
   b = lax.bitcast_convert_type(xp, jnp.uint32)
   a = b & _U(0x7FFFFFFF)
   finite = a < _U(0x7F800000)

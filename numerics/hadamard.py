@@ -57,8 +57,9 @@ def random_hadamard_matrix(key: jax.Array, block_size: int = 32, *,
   return hd[:, inv]
 
 
-def _apply_blockwise(x: jax.Array, r: jax.Array, block_size: int, axis: int
-                     ) -> jax.Array:
+def apply_blockwise(x: jax.Array, r: jax.Array, block_size: int, axis: int
+                    ) -> jax.Array:
+  """``r @ block`` for every ``block_size`` block of ``x`` along ``axis`` (x's dtype)."""
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"Hadamard transform expects a float array, got {x.dtype}")
@@ -93,7 +94,7 @@ def random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
   Returns:
     Array of x's shape and dtype.
   """
-  return _apply_blockwise(x, random_hadamard_matrix(key, block_size, permute=permute),
+  return apply_blockwise(x, random_hadamard_matrix(key, block_size, permute=permute),
                           block_size, axis)
 
 
@@ -102,4 +103,4 @@ def inverse_random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 3
                             axis: int = 0, permute: bool = True) -> jax.Array:
   """The inverse of :func:`random_hadamard` with the same key and layout (``R^T``)."""
   r = random_hadamard_matrix(key, block_size, permute=permute)
-  return _apply_blockwise(x, r.T, block_size, axis)
+  return apply_blockwise(x, r.T, block_size, axis)

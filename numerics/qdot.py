@@ -70,8 +70,8 @@ def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: 
       return jnp.pad(x, widths)
     a, b = _pad(a, axis_a), _pad(b, axis_b)
   r = hadamard_lib.random_hadamard_matrix(key, block)
-  return (hadamard_lib._apply_blockwise(a, r, block, axis_a),  # pylint: disable=protected-access
-          hadamard_lib._apply_blockwise(b, r, block, axis_b))  # pylint: disable=protected-access
+  return (hadamard_lib.apply_blockwise(a, r, block, axis_a),
+          hadamard_lib.apply_blockwise(b, r, block, axis_b))
 
 
 def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,

@@ -245,13 +245,14 @@ def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
     if key is None:
       raise ValueError("rounding='stochastic' needs a PRNG key")
     words = random_bits_lib.random_words(key, x.shape, method=rng)
-  _check_rand_bits(rand_bits)
+  check_rand_bits(rand_bits)
   y = round_f32(x.astype(jnp.float32), f, rounding=rounding, words=words,
                 rand_bits=rand_bits, saturate=saturate)
   return y.astype(x.dtype)
 
 
-def _check_rand_bits(rand_bits):
+def check_rand_bits(rand_bits: int | None) -> None:
+  """Raises ValueError unless ``rand_bits`` is None or an int in [1, 32]."""
   if rand_bits is not None and (isinstance(rand_bits, bool) or not (
       isinstance(rand_bits, (int, np.integer)) and 1 <= rand_bits <= 32)):
     raise ValueError(f"rand_bits must be an int in [1, 32] or None, got {rand_bits!r}")
@@ -268,7 +269,7 @@ def cast_with_words(x: jax.Array, fmt: str | formats_lib.Format, words: jax.Arra
   f = formats_lib.get(fmt)
   x = jnp.asarray(x)
   _check_input(x, f)
-  _check_rand_bits(rand_bits)
+  check_rand_bits(rand_bits)
   words = jnp.asarray(words)
   if words.dtype != jnp.uint32 or words.shape != x.shape:
     raise TypeError(f"words must be uint32 of shape {x.shape}, got "
