@@ -270,6 +270,49 @@ def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
   return elem, jnp.squeeze(scale_codes, axis=bpos), s_full, poison_full
 
 
+def block_statistic(x: jax.Array, stat, *, block_size: int | None = None,
+                    axis: int | Sequence[int] = -1,
+                    block_shape: Sequence[int] | None = None, pad: bool = False
+                    ) -> jax.Array:
+  """A per-block statistic of float32 ``x``, broadcast back to ``x``'s shape.
+
+  Blocks are laid out as in :func:`quantize_mx`. ``stat(values, valid, axes)`` gets
+  the blocked float32 values, a same-shape bool mask that is False on padding, and the
+  in-block axes; it must reduce over ``axes`` with ``keepdims=True``.
+  """
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  xp = _pad(x, axes, blocks, pad)
+  valid = _pad(jnp.ones(x.shape, bool), axes, blocks, pad)
+  bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
+  out = stat(xp.reshape(bshape), valid.reshape(bshape), bpos)
+  out = jnp.broadcast_to(out, bshape).reshape(xp.shape)
+  return out[tuple(slice(0, d) for d in x.shape)]
+
+
+def mx_grid_exponents(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
+                      block_size: int | None = 32, axis: int | Sequence[int] = -1,
+                      block_shape: Sequence[int] | None = None,
+                      scale_rule: ScaleRule = "floor", pad: bool = False) -> jax.Array:
+  """int32 ``s`` per element (x's shape): MX rounds ``x / 2^s`` onto ``fmt``'s grid.
+
+  The block scale of each element's block in the element format's own units (the
+  E8M0 code minus its bias, less MXINT8's implicit 2^-6), for tools that need the
+  quantization bin of a value (e.g. differential gradient estimation). NaN/Inf blocks
+  get the all-zero-block exponent.
+  """
+  f = formats_lib.get(fmt)
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  xp = _pad(x, axes, blocks, pad)
+  a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
+  amax, bshape, _ = _block_amax_bits(a, axes, blocks)
+  amax = jnp.where(amax >= _U(0x7F800000), _U(0), amax)
+  s_int = mx_scale_exponent(amax, f, scale_rule) - 127 - (f.emax - f.mx_emax)
+  out = jnp.broadcast_to(s_int, bshape).reshape(xp.shape)
+  return out[tuple(slice(0, d) for d in x.shape)]
+
+
 def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
                      blocks: tuple[int, ...], scale_rule: str, rounding: str,
                      words: jax.Array | None, rand_bits: int | None

@@ -4,7 +4,9 @@
 forward GEMM on quantized operands and, through ``jax.custom_vjp``, the dgrad and
 wgrad GEMMs on operands quantized as the recipe says (:mod:`numerics.recipes`).
 Gradients are straight-through: each backward GEMM consumes the quantized cotangent
-and the quantized saved operand; no quantizer derivative is applied.
+and the quantized saved operand; no quantizer derivative is applied, unless the recipe
+enables differential gradient estimation (``dge_k``: dW is multiplied by the
+surrogate derivative of the forward weight quantizer, :mod:`numerics.dge`).
 
 Any ``dimension_numbers`` work: the operands are brought to batched matrices
 ``X: (B, M, K)`` and ``W: (B, K, N)`` (batch, free and contracting dims each
@@ -32,7 +34,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from numerics import clipping
+from numerics import dge
+from numerics import formats as formats_lib
 from numerics import hadamard as hadamard_lib
+from numerics import macro_scaling
 from numerics import quantizer
 from numerics import recipes as recipes_lib
 
@@ -51,11 +57,35 @@ def _gemm_keys(key, gemm: int):
 
 def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
                       contract_axis: int, free_axis: int, key) -> jax.Array:
-  """float32 fake-quantized operand (or x in float32 when ``op`` is None)."""
+  """float32 fake-quantized operand (or x in float32 when ``op`` is None).
+
+  Still multiplied by ``op.prescale``: the GEMM divides the prescales out of its
+  output, so the operands it multiplies stay exact quantized values.
+  """
   x = x.astype(jnp.float32)
   if op is None:
     return x
-  return quantizer.quantize_dequantize(x, op.spec(contract_axis, free_axis), key)
+  spec = op.spec(contract_axis, free_axis)
+  if op.prescale != 1.0:
+    x = x * np.float32(op.prescale)
+  if op.clip == "rms":
+    x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
+  if op.macro_block is None:
+    return quantizer.quantize_dequantize(x, spec, key)
+  fmt_max = float(formats_lib.get(op.fmt).max)
+  s = macro_scaling.macro_block_scales(
+      x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
+  return quantizer.quantize_dequantize(x / s, spec, key) * s
+
+
+def _prescale(op: recipes_lib.OperandQuant | None) -> float:
+  return 1.0 if op is None else op.prescale
+
+
+def _compensate(out: jax.Array, *ops) -> jax.Array:
+  """Divides a GEMM output by its operands' static-clipping prescales."""
+  p = math.prod(_prescale(op) for op in ops)
+  return out if p == 1.0 else out / np.float32(p)
 
 
 def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: int,
@@ -81,6 +111,8 @@ def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,
 
   ``axes_a``/``axes_b`` are (contraction, free) axes of each operand; ``keys`` the
   (hadamard, lhs, rhs) keys. Exposed so tests and tools can reproduce a GEMM by hand.
+  With static clipping the operands are still multiplied by their prescales (divide
+  the GEMM's output by ``prescale_lhs * prescale_rhs``).
   """
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
@@ -106,7 +138,7 @@ def _forward(x, w, key, recipe):
   keys = _gemm_keys(key, FORWARD)
   xq, wq = gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys)
   out = _mm(xq, wq, "bmk,bkn->bmn", recipe.compute_dtype)
-  return out, wq
+  return _compensate(out, recipe.forward.lhs, recipe.forward.rhs), wq
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -125,13 +157,21 @@ def _qmatmul_bwd(recipe, res, g):
   kd = _gemm_keys(key, DGRAD)
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
     gq = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1])
-    wq = wq_fwd
+    wq, w_op = wq_fwd, recipe.forward.rhs
   else:
     gq, wq = gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd)
-  dx = _mm(gq, wq, "bmn,bkn->bmk", recipe.compute_dtype)
+    w_op = recipe.dgrad.rhs
+  dx = _compensate(_mm(gq, wq, "bmn,bkn->bmk", recipe.compute_dtype),
+                   recipe.dgrad.lhs, w_op)
   kw = _gemm_keys(key, WGRAD)
   xq, gq2 = gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw)
-  dw = _mm(xq, gq2, "bmk,bmn->bkn", recipe.compute_dtype)
+  dw = _compensate(_mm(xq, gq2, "bmk,bmn->bkn", recipe.compute_dtype),
+                   recipe.wgrad.lhs, recipe.wgrad.rhs)
+  if recipe.dge_k is not None:
+    w_op = recipe.forward.rhs
+    w_in_grid = w.astype(jnp.float32) * np.float32(w_op.prescale)
+    dw = dw * dge.surrogate_derivative(w_in_grid, w_op.spec(*_W_FWD), recipe.dge_k,
+                                       recipe.dge_clamp)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
@@ -222,6 +262,30 @@ def make_dot_general(recipe: str | recipes_lib.Recipe,
                                  preferred_element_type=preferred_element_type)
 
   return dot_general
+
+
+def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
+                             ) -> Callable[[jax.Array], jax.Array]:
+  """``Q(w)``: the recipe's forward weight fake-quantizer for weights ``[..., K, N]``.
+
+  The quantizer the forward GEMM applies to a ``Linear`` kernel ``[K, N]`` or a
+  grouped expert kernel ``[E, K, N]`` (blocks and tiles over the last two axes, the
+  recipe's scale rule, rounding, clipping and macro blocks), returned in float32 with
+  any static-clipping prescale divided back out. For weight de-oscillation
+  (:mod:`numerics.optim.deoscillation`). Identity (a float32 cast) when the recipe
+  leaves the forward weight unquantized. Deterministic forward roundings only.
+  """
+  op = recipes_lib.get(recipe).forward.rhs
+  if op is not None and op.rounding == "stochastic":
+    raise ValueError("forward_weight_quantizer needs a deterministic weight rounding")
+
+  def quantize(w: jax.Array) -> jax.Array:
+    if w.ndim < 2:
+      raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
+    q = _quantize_operand(w, op, *_W_FWD, None)
+    return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
+
+  return quantize
 
 
 def snr_db(ref: jax.Array, approx: jax.Array) -> float:

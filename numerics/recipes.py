@@ -69,6 +69,14 @@ class OperandQuant:
     scale_rule: MX scale rule (see :mod:`numerics.blockscale`).
     rounding: ``nearest`` or ``stochastic`` (or ``toward_zero``).
     rand_bits: random bits per element for stochastic rounding (None: all).
+    prescale: static clipping (ALTO): the operand is multiplied by this before
+      quantization and the GEMM's output divided by the product of its operands'
+      prescales (so the GEMM still multiplies exact MX values). 1: off.
+    clip: ``none``, or ``rms`` (dynamic QuEST-style clipping of each block at
+      2.922 x its RMS before quantization, :mod:`numerics.clipping`).
+    macro_block: a float32 macro-block scale above the MX scales
+      (:mod:`numerics.macro_scaling`): 1 x macro_block along the contraction axis for
+      ``1d``, macro_block tiles for ``2d``; a multiple of ``block``. None: off.
   """
 
   fmt: str
@@ -78,6 +86,9 @@ class OperandQuant:
   scale_rule: str = "floor"
   rounding: str = "nearest"
   rand_bits: int | None = None
+  prescale: float = 1.0
+  clip: Literal["none", "rms"] = "none"
+  macro_block: int | None = None
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
@@ -97,21 +108,36 @@ class OperandQuant:
       raise ValueError(f"unknown rounding {self.rounding!r}")
     if self.scale_rule not in blockscale.SCALE_RULES:
       raise ValueError(f"unknown scale_rule {self.scale_rule!r}")
+    if not (0 < self.prescale < float("inf")):
+      raise ValueError(f"prescale must be positive and finite, got {self.prescale}")
+    if self.clip not in ("none", "rms"):
+      raise ValueError(f"clip must be 'none' or 'rms', got {self.clip!r}")
+    mx_only = self.clip != "none" or self.macro_block is not None
+    if mx_only and (self.scaling != "block" or self.fmt == "nvfp4"):
+      raise ValueError("clip and macro_block apply to MX block quantizers only")
+    if self.macro_block is not None and (self.macro_block < self.block
+                                         or self.macro_block % self.block):
+      raise ValueError(f"macro_block must be a multiple of block={self.block}, got "
+                       f"{self.macro_block}")
+
+  def blocks(self, contract_axis: int, free_axis: int, extent: int | None = None
+             ) -> dict:
+    """Block layout keyword arguments (``block_size``/``axis``/``block_shape``/``pad``)
+    of this operand's blocks, or of blocks of ``extent`` (e.g. the macro blocks)."""
+    b = self.block if extent is None else extent
+    if self.layout == "2d":
+      return dict(block_size=None, axis=tuple(sorted((contract_axis, free_axis))),
+                  block_shape=(b, b), pad=True)
+    return dict(block_size=b, axis=contract_axis, block_shape=None, pad=True)
 
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
     """The :class:`QuantSpec` for an operand with these (negative) axes."""
     if self.scaling == "tensor":
       return quantizer.QuantSpec(fmt=self.fmt, block_size=None, rounding=self.rounding,
                                  rand_bits=self.rand_bits, tensorwise=True)
-    if self.layout == "2d":
-      axes = tuple(sorted((contract_axis, free_axis)))
-      return quantizer.QuantSpec(fmt=self.fmt, block_size=None, axis=axes,
-                                 block_shape=(self.block, self.block),
-                                 scale_rule=self.scale_rule, rounding=self.rounding,
-                                 rand_bits=self.rand_bits, pad=True)
-    return quantizer.QuantSpec(fmt=self.fmt, block_size=self.block, axis=contract_axis,
-                               scale_rule=self.scale_rule, rounding=self.rounding,
-                               rand_bits=self.rand_bits, pad=True)
+    return quantizer.QuantSpec(fmt=self.fmt, scale_rule=self.scale_rule,
+                               rounding=self.rounding, rand_bits=self.rand_bits,
+                               **self.blocks(contract_axis, free_axis))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +164,8 @@ class Recipe:
   wgrad: GemmRecipe = GemmRecipe()
   reuse_forward_weight: bool = False
   compute_dtype: str = "bfloat16"
+  dge_k: int | None = None
+  dge_clamp: float = 3.0
 
   def __post_init__(self):
     if self.reuse_forward_weight:
@@ -151,6 +179,19 @@ class Recipe:
     if self.compute_dtype not in ("bfloat16", "float32"):
       raise ValueError(f"compute_dtype must be bfloat16 or float32, got "
                        f"{self.compute_dtype!r}")
+    ops = [op for g in self.gemms for op in (g.lhs, g.rhs) if op is not None]
+    if self.compute_dtype == "bfloat16" and any(op.macro_block for op in ops):
+      raise ValueError("macro-block scaled operands are not bf16-exact: use "
+                       "compute_dtype='float32'")
+    if self.dge_k is not None:
+      w = self.forward.rhs
+      if (w is None or w.scaling != "block" or w.fmt == "nvfp4"
+          or formats_lib.get(w.fmt).kind != "float" or w.macro_block is not None):
+        raise ValueError("DGE needs an MX float forward weight quantizer without "
+                         "macro blocks")
+      if self.dge_k < 1 or not self.dge_clamp > 0:
+        raise ValueError(f"need dge_k >= 1 and dge_clamp > 0, got {self.dge_k}, "
+                         f"{self.dge_clamp}")
 
   @property
   def gemms(self) -> tuple[GemmRecipe, GemmRecipe, GemmRecipe]:
@@ -219,6 +260,43 @@ _RECIPES: dict[str, Recipe] = {
         _nvfp4(),
     )
 }
+
+
+def _map_operands(recipe: Recipe, **changes) -> dict:
+  return {name: dataclasses.replace(g, **{
+      side: (None if op is None else dataclasses.replace(op, **changes))
+      for side, op in (("lhs", g.lhs), ("rhs", g.rhs))})
+          for name, g in (("forward", recipe.forward), ("dgrad", recipe.dgrad),
+                          ("wgrad", recipe.wgrad))}
+
+
+def with_static_clipping(recipe: str | Recipe, factor: float = 0.75) -> Recipe:
+  """ALTO's static clipping: every quantized operand x ``factor`` before quantization,
+  every GEMM output / (product of its operands' factors) after (wgrad: x 16/9)."""
+  r = get(recipe)
+  return dataclasses.replace(r, name=f"{r.name}+static_clip",
+                             **_map_operands(r, prescale=factor))
+
+
+def with_dynamic_clipping(recipe: str | Recipe) -> Recipe:
+  """QuEST-style dynamic clipping (2.922 x block RMS) on every quantized operand."""
+  r = get(recipe)
+  return dataclasses.replace(r, name=f"{r.name}+dynamic_clip",
+                             **_map_operands(r, clip="rms"))
+
+
+def with_macro_blocks(recipe: str | Recipe, macro_block: int = 128) -> Recipe:
+  """Macro-block scaling on every quantized operand (1 x 128 for 1d blocks, 128 x 128
+  tiles for 2d), multiplied in float32."""
+  r = get(recipe)
+  return dataclasses.replace(r, name=f"{r.name}+mbs", compute_dtype="float32",
+                             **_map_operands(r, macro_block=macro_block))
+
+
+def with_dge(recipe: str | Recipe, k: int = 5, clamp: float = 3.0) -> Recipe:
+  """Differential gradient estimation on the weight gradient (:mod:`numerics.dge`)."""
+  r = get(recipe)
+  return dataclasses.replace(r, name=f"{r.name}+dge", dge_k=k, dge_clamp=clamp)
 
 
 def names() -> tuple[str, ...]:

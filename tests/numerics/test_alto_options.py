@@ -1,0 +1,118 @@
+"""ALTO recipe options: DGE, static/dynamic clipping, macro-block scaling."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numerics import blockscale, clipping, dge, macro_scaling, qdot, quantizer
+from numerics import recipes as R
+
+SPEC = quantizer.QuantSpec(fmt="e2m1", block_size=32, scale_rule="alto")
+
+
+def test_dge_hand_values():
+  # One block with amax 6 (alto rule: scale 1), so v = w. E2M1 bin [1, 1.5]: m = 1.25,
+  # delta/2 = 0.25. f'(1.3) = (1/5) 0.25^(4/5) 0.05^(-4/5) = 0.2 * 5^(4/5).
+  w = jnp.zeros(32).at[0].set(6.0).at[1].set(1.3).at[2].set(1.5).at[3].set(1.25)
+  w = w.at[4].set(-1.3).at[5].set(5.0)
+  d = np.asarray(dge.surrogate_derivative(w, SPEC, k=5, clamp=3.0))
+  np.testing.assert_allclose(d[1], 0.2 * 5 ** 0.8, rtol=1e-5)
+  np.testing.assert_allclose(d[2], 0.2, rtol=1e-5)  # bin edge: 1/k
+  assert d[3] == 3.0  # centre: clamped
+  assert d[4] == d[1]  # symmetric in sign
+  np.testing.assert_allclose(d[5], 3.0)  # 5 is the centre of [4, 6]
+  assert np.all((d >= 0) & (d <= 3))
+
+
+def test_dge_scale_invariant():
+  w = jax.random.normal(jax.random.key(0), (4, 64))
+  a = dge.surrogate_derivative(w, SPEC)
+  b = dge.surrogate_derivative(w * 2.0 ** -20, SPEC)
+  chex.assert_trees_all_close(a, b, rtol=1e-5)
+
+
+def test_dge_validation():
+  with pytest.raises(ValueError):
+    dge.surrogate_derivative(jnp.ones(32), quantizer.QuantSpec(fmt="bf16", block_size=None))
+  with pytest.raises(ValueError):
+    dge.surrogate_derivative(jnp.ones(32), SPEC, k=0)
+
+
+def test_grid_exponents_match_dequantized_scale():
+  x = jax.random.normal(jax.random.key(1), (8, 64)) * 10
+  s = blockscale.mx_grid_exponents(x, "e2m1", block_size=32, scale_rule="alto")
+  q = blockscale.quantize_mx(x, "e2m1", block_size=32, scale_rule="alto")
+  elems = np.asarray(q.element_values())
+  np.testing.assert_array_equal(np.asarray(blockscale.dequantize(q)),
+                                elems * np.exp2(np.asarray(s, np.float64)))
+
+
+def test_rms_clipping_hand_case():
+  x = jnp.concatenate([jnp.ones(31), jnp.array([100.0])])
+  rms = np.sqrt((31 + 1e4) / 32)
+  y = np.asarray(clipping.clip_to_block_rms(x, block_size=32))
+  np.testing.assert_allclose(y[-1], 2.922 * rms, rtol=1e-6)
+  np.testing.assert_array_equal(y[:31], 1.0)
+  # A constant block is left alone (rms = |value|).
+  np.testing.assert_array_equal(clipping.clip_to_block_rms(jnp.full(32, -3.0), block_size=32),
+                                jnp.full(32, -3.0))
+
+
+def test_macro_block_scales():
+  x = jnp.concatenate([jnp.full(128, 0.5).at[3].set(-12.0), jnp.zeros(128)])
+  s = np.asarray(macro_scaling.macro_block_scales(x, 6.0, block_size=128))
+  np.testing.assert_array_equal(s[:128], 2.0)
+  np.testing.assert_array_equal(s[128:], 1.0)
+
+
+def test_static_clipping_compensates_exactly_on_representable_data():
+  # Values whose x 3/4 is again exactly representable and unsaturated: the GEMM output
+  # equals the unclipped recipe's.
+  x = jnp.full((32, 64), 1.0).at[0, 0].set(4.0)
+  w = jnp.full((64, 32), 2.0)
+  dn = (((1,), (0,)), ((), ()))
+  base = qdot.quantized_dot_general(x, w, dn, "mxfp4_1d2d", preferred_element_type=jnp.float32)
+  clip = qdot.quantized_dot_general(x, w, dn, R.with_static_clipping("mxfp4_1d2d"),
+                                    preferred_element_type=jnp.float32)
+  chex.assert_trees_all_close(base, clip, rtol=1e-6)
+
+
+def test_options_raise_macro_block_snr_and_keep_grads_finite():
+  base = qdot.snr("mxfp4", tokens=256, k=256, n=256)
+  mbs = qdot.snr(R.with_macro_blocks("mxfp4"), tokens=256, k=256, n=256)
+  assert mbs["forward"] > base["forward"] + 0.5
+  for r in (R.with_dge("mxfp4"), R.with_dynamic_clipping("mxfp4"),
+            R.with_static_clipping("mxfp4")):
+    x = jax.random.normal(jax.random.key(2), (64, 64))
+    w = jax.random.normal(jax.random.key(3), (64, 64))
+    f = lambda x, w: jnp.sum(qdot.quantized_dot_general(
+        x, w, (((1,), (0,)), ((), ())), r, jax.random.key(4),
+        preferred_element_type=jnp.float32) ** 2)
+    chex.assert_tree_all_finite(jax.grad(f, argnums=(0, 1))(x, w))
+
+
+def test_dge_multiplies_weight_gradient():
+  x = jax.random.normal(jax.random.key(5), (64, 64))
+  w = jax.random.normal(jax.random.key(6), (64, 64))
+  dn = (((1,), (0,)), ((), ()))
+  grad = lambda r: jax.grad(lambda w: jnp.sum(qdot.quantized_dot_general(
+      x, w, dn, r, jax.random.key(7), preferred_element_type=jnp.float32)))(w)
+  base, with_dge = grad("mxfp4"), grad(R.with_dge("mxfp4"))
+  wspec = R.get("mxfp4").forward.rhs.spec(-2, -1)
+  chex.assert_trees_all_close(with_dge, base * dge.surrogate_derivative(w, wspec),
+                              rtol=1e-6)
+
+
+def test_option_validation():
+  with pytest.raises(ValueError, match="multiple"):
+    R.OperandQuant(fmt="e2m1", macro_block=48)
+  with pytest.raises(ValueError, match="prescale"):
+    R.OperandQuant(fmt="e2m1", prescale=0.0)
+  with pytest.raises(ValueError, match="clip"):
+    R.OperandQuant(fmt="e2m1", clip="quest")
+  with pytest.raises(ValueError, match="bf16-exact"):
+    R.replace(R.with_macro_blocks("mxfp4"), compute_dtype="bfloat16")
+  with pytest.raises(ValueError, match="DGE"):
+    R.with_dge("nvfp4")
