@@ -1,18 +1,28 @@
 """A small decoder-only transformer LM (Flax linen) with every matmul injected.
 
 Quantization is never hard-wired: each matmul -- the q/k/v/output projections, the two
-attention products (q.k and p.v), the feed-forward layers and the LM head -- calls the
+attention products (q.k and p.v), the feed-forward layers (dense, or the grouped expert
+GEMMs and the router of a mixture-of-experts layer) and the LM head -- calls the
 ``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` passed in. The ``key`` is the
 per-call PRNG key (derived from the step key by ``fold_in`` per layer and per matmul) so
 stochastic-rounding recipes get independent randomness everywhere; deterministic recipes
 ignore it. Parameters, norms and softmax stay in float32.
 
-Shapes: B batch, L sequence, D d_model, H heads, K head dim, F d_ff, V vocab.
+With ``num_experts > 0`` every block's feed-forward is a top-k mixture of experts
+(:class:`MoEFeedForward`): capacity-limited dispatch into per-expert buffers, two grouped
+GEMMs with the experts as the dot_general batch dimension (so a recipe's blocks and
+tiles are per expert, as in a grouped GEMM), and a Switch-style load-balancing loss
+sown into the ``losses`` collection (apply with ``mutable=["losses", "metrics"]`` to
+collect it; without ``mutable`` it is not computed into anything).
+
+Shapes: B batch, L sequence, D d_model, H heads, K head dim, F d_ff, V vocab, T tokens
+(B*L), E experts, C expert capacity.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Sequence, Tuple
 
 import flax.linen as nn
@@ -25,7 +35,7 @@ DotGeneral = Callable[[jax.Array, jax.Array, DimensionNumbers, jax.Array], jax.A
 
 # Stable per-matmul tags: a layer's key is fold_in(step_key, layer), a matmul's key is
 # fold_in(layer_key, tag), so adding a layer never reshuffles another layer's randomness.
-_QKV, _SCORES, _VALUES, _ATTN_OUT, _FF_IN, _FF_OUT = range(6)
+_QKV, _SCORES, _VALUES, _ATTN_OUT, _FF_IN, _FF_OUT, _ROUTER, _EXPERT_IN, _EXPERT_OUT = range(9)
 
 
 def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
@@ -44,8 +54,12 @@ class TransformerConfig:
   d_model: int = 128
   num_layers: int = 4
   num_heads: int = 4
-  d_ff: int = 512
+  d_ff: int = 512  # the hidden width of each expert when num_experts > 0
   max_len: int = 256
+  num_experts: int = 0  # 0: dense feed-forward
+  experts_per_token: int = 2
+  moe_capacity_factor: float = 1.25
+  moe_balance_coef: float = 0.01
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
@@ -53,6 +67,13 @@ class TransformerConfig:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    if self.num_experts < 0:
+      raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
+    if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+      raise ValueError(f"experts_per_token must be in [1, num_experts={self.num_experts}], "
+                       f"got {self.experts_per_token}")
+    if self.moe_capacity_factor <= 0 or self.moe_balance_coef < 0:
+      raise ValueError("moe_capacity_factor must be > 0 and moe_balance_coef >= 0")
 
 
 class Linear(nn.Module):
@@ -70,17 +91,84 @@ class Linear(nn.Module):
     return self.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), key)
 
 
-class Block(nn.Module):
-  """Pre-norm causal self-attention + GELU MLP, both residual.
+def expert_capacity(num_tokens: int, config: TransformerConfig) -> int:
+  """Slots per expert: ``ceil(capacity_factor * tokens * k / experts)``."""
+  return max(1, math.ceil(config.moe_capacity_factor * num_tokens * config.experts_per_token
+                          / config.num_experts))
 
-  ``dot_general`` serves the four projections; ``attention_dot_general`` the two
-  attention products (q.k and p.v), defaulting to ``dot_general``.
+
+class MoEFeedForward(nn.Module):
+  """Top-k mixture-of-experts GELU MLP: float32[T, D] -> float32[T, D].
+
+  Routing: ``softmax(x W_router)`` over E experts, the top k kept and renormalised to
+  sum to 1 (the gates). Dispatch is choice-major (every token's first choice is placed
+  before any second choice), first come first served into C slots per expert; an
+  assignment past capacity is dropped (its token gets no output from that expert, the
+  residual carries it). The expert GEMMs are ``[E, C, D] x [E, D, F]`` and
+  ``[E, C, F] x [E, F, D]`` dot_generals batched over E. Sown: ``losses/moe_balance``
+  = coef * E * sum_e f_e P_e (f_e: fraction of assignments to e, P_e: mean router
+  probability), ``metrics/moe_dropped`` (fraction of assignments dropped).
+  """
+
+  config: TransformerConfig
+  dot_general: DotGeneral
+  router_dot_general: DotGeneral
+  residual_scale: float
+
+  @nn.compact
+  def __call__(self, x_TxD: jax.Array, key: jax.Array) -> jax.Array:
+    cfg = self.config
+    e, k, f = cfg.num_experts, cfg.experts_per_token, cfg.d_ff
+    t, d = x_TxD.shape
+    c = expert_capacity(t, cfg)
+    sub = lambda tag: jax.random.fold_in(key, tag)
+
+    logits_TxE = Linear(e, self.router_dot_general, name="router")(x_TxD, sub(_ROUTER))
+    probs_TxE = jax.nn.softmax(logits_TxE.astype(jnp.float32), axis=-1)
+    top_p_TxK, top_e_TxK = lax.top_k(probs_TxE, k)
+    gates_TxK = top_p_TxK / jnp.sum(top_p_TxK, axis=-1, keepdims=True)
+
+    expert_A = top_e_TxK.T.reshape(-1)  # A = k*T assignments, choice-major
+    onehot_AxE = jax.nn.one_hot(expert_A, e, dtype=jnp.int32)
+    position_A = jnp.sum((jnp.cumsum(onehot_AxE, axis=0) - 1) * onehot_AxE, axis=-1)
+    kept_A = position_A < c
+    overflow = e * c  # one spare row takes every dropped assignment
+    slot_A = jnp.where(kept_A, expert_A * c + position_A, overflow)
+    token_A = jnp.tile(jnp.arange(t), k)
+    buffer = jnp.zeros((e * c + 1, d), x_TxD.dtype).at[slot_A].set(x_TxD[token_A])
+    x_ExCxD = buffer[:overflow].reshape(e, c, d)
+
+    w_in = self.param("w_in", nn.initializers.normal(d**-0.5), (e, d, f), jnp.float32)
+    w_out = self.param("w_out", nn.initializers.normal(self.residual_scale * f**-0.5),
+                       (e, f, d), jnp.float32)
+    grouped = (((2,), (1,)), ((0,), (0,)))
+    h_ExCxF = jax.nn.gelu(self.dot_general(x_ExCxD, w_in, grouped, sub(_EXPERT_IN)))
+    y_ExCxD = self.dot_general(h_ExCxF, w_out, grouped, sub(_EXPERT_OUT))
+
+    y_rows = jnp.concatenate([y_ExCxD.reshape(overflow, d), jnp.zeros((1, d), y_ExCxD.dtype)])
+    weight_A = gates_TxK.T.reshape(-1) * kept_A
+    out_TxD = (y_rows[slot_A] * weight_A[:, None]).reshape(k, t, d).sum(axis=0)
+
+    fraction_E = jnp.mean(onehot_AxE.astype(jnp.float32), axis=0)
+    balance = e * jnp.sum(fraction_E * jnp.mean(probs_TxE, axis=0))
+    self.sow("losses", "moe_balance", cfg.moe_balance_coef * balance)
+    self.sow("metrics", "moe_dropped", 1.0 - jnp.mean(kept_A.astype(jnp.float32)))
+    return out_TxD
+
+
+class Block(nn.Module):
+  """Pre-norm causal self-attention + GELU MLP (dense or MoE), both residual.
+
+  ``dot_general`` serves the four projections and the expert GEMMs;
+  ``attention_dot_general`` the two attention products (q.k and p.v) and
+  ``router_dot_general`` the MoE router, both defaulting to ``dot_general``.
   """
 
   config: TransformerConfig
   dot_general: DotGeneral
   residual_scale: float
   attention_dot_general: DotGeneral | None = None
+  router_dot_general: DotGeneral | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, key: jax.Array) -> jax.Array:
@@ -105,6 +193,10 @@ class Block(nn.Module):
         attn_BxLxD, sub(_ATTN_OUT))
 
     y = nn.RMSNorm(name="mlp_norm")(x_BxLxD)
+    if cfg.num_experts:
+      moe = MoEFeedForward(cfg, dg, self.router_dot_general or dg, self.residual_scale,
+                           name="moe")
+      return x_BxLxD + moe(y.reshape(b * length, d), key).reshape(b, length, d)
     y = jax.nn.gelu(Linear(cfg.d_ff, dg, name="ff_in")(y, sub(_FF_IN)))
     return x_BxLxD + Linear(d, dg, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
 
@@ -116,6 +208,7 @@ class DecoderLM(nn.Module):
   dot_general: DotGeneral = fp32_dot_general
   attention_dot_general: DotGeneral | None = None  # None: dot_general
   head_dot_general: DotGeneral | None = None  # None: dot_general
+  router_dot_general: DotGeneral | None = None  # None: dot_general
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, key: jax.Array) -> jax.Array:
@@ -133,8 +226,9 @@ class DecoderLM(nn.Module):
     # residual stream's variance from growing with depth.
     residual_scale = (2.0 * cfg.num_layers) ** -0.5
     for i in range(cfg.num_layers):
-      x_BxLxD = Block(cfg, self.dot_general, residual_scale, self.attention_dot_general,
-                      name=f"block_{i}")(x_BxLxD, jax.random.fold_in(key, i))
+      block = Block(cfg, self.dot_general, residual_scale, self.attention_dot_general,
+                    self.router_dot_general, name=f"block_{i}")
+      x_BxLxD = block(x_BxLxD, jax.random.fold_in(key, i))
     x_BxLxD = nn.RMSNorm(name="final_norm")(x_BxLxD)
     return Linear(cfg.vocab_size, self.head_dot_general or self.dot_general, name="head")(
         x_BxLxD, jax.random.fold_in(key, cfg.num_layers))

@@ -83,9 +83,10 @@ def make_dot_general(recipe_name: str) -> DotGeneral:
 def make_model_dot_generals(recipe_name: str) -> dict[str, DotGeneral]:
   """``DecoderLM`` keyword arguments for ``recipe_name``, ALTO's/TE's convention.
 
-  The recipe quantizes the linear projections (q/k/v/output and feed-forward); the two
-  attention products and the LM head stay in bf16 (fp32 for recipe ``fp32``).
+  The recipe quantizes the linear projections (q/k/v/output, feed-forward and the
+  grouped expert GEMMs); the two attention products, the MoE router and the LM head
+  stay in bf16 (fp32 for recipe ``fp32``).
   """
   plain = fp32_dot_general if recipe_name == "fp32" else bf16_dot_general
   return dict(dot_general=make_dot_general(recipe_name), attention_dot_general=plain,
-              head_dot_general=plain)
+              head_dot_general=plain, router_dot_general=plain)

@@ -149,3 +149,76 @@ def test_attention_and_head_dot_generals_are_separate():
                     attention_dot_general=counting("attn"), head_dot_general=counting("head"))
   model.init(KEY, jnp.zeros((1, 8), jnp.int32), KEY)
   assert seen == {"linear": 4 * CFG.num_layers, "attn": 2 * CFG.num_layers, "head": 1}
+
+
+MOE = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_ff=32,
+                        max_len=16, num_experts=4, experts_per_token=2)
+
+
+def test_moe_shapes_losses_and_grads():
+  from models.transformer import expert_capacity
+  model = DecoderLM(MOE)
+  params = _init(model)
+  moe = params["block_0"]["moe"]
+  chex.assert_shape((moe["w_in"], moe["w_out"], moe["router"]["kernel"]),
+                    ((4, 32, 32), (4, 32, 32), (32, 4)))
+  tokens = jax.random.randint(KEY, (2, 16), 0, 17)
+  logits, state = model.apply({"params": params}, tokens, KEY,
+                              mutable=["losses", "metrics"])
+  chex.assert_shape(logits, (2, 16, 17))
+  balance = jax.tree.leaves(state["losses"])
+  assert len(balance) == MOE.num_layers
+  # E * sum_e f_e P_e is 1 at uniform routing and at most E: check the scaled range.
+  assert all(0 < float(b) < MOE.moe_balance_coef * MOE.num_experts for b in balance)
+  assert expert_capacity(32, MOE) == 20  # ceil(1.25 * 32 * 2 / 4)
+
+  def loss(p):
+    out, st = model.apply({"params": p}, tokens, KEY, mutable=["losses", "metrics"])
+    return next_token_loss(out, tokens)[0] + sum(jax.tree.leaves(st["losses"]))
+
+  grads = jax.grad(loss)(params)
+  for name in ("w_in", "w_out"):
+    assert float(jnp.abs(grads["block_0"]["moe"][name]).sum()) > 0
+  assert float(jnp.abs(grads["block_0"]["moe"]["router"]["kernel"]).sum()) > 0
+
+
+def test_moe_matches_dense_expert_reference():
+  """With capacity for every assignment, the MoE output is sum_k gate_k * expert_k(x)."""
+  from models.transformer import MoEFeedForward
+  cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
+                          experts_per_token=2, moe_capacity_factor=4.0)
+  layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)
+  x = jax.random.normal(KEY, (10, 8))
+  params = layer.init(KEY, x, KEY)["params"]
+  out, state = layer.apply({"params": params}, x, KEY, mutable=["metrics"])
+  assert float(jax.tree.leaves(state)[0]) == 0.0  # nothing dropped
+  hi = lax.Precision.HIGHEST
+  probs = jax.nn.softmax(jnp.dot(x, params["router"]["kernel"], precision=hi))
+  top_p, top_e = lax.top_k(probs, 2)
+  gates = top_p / top_p.sum(-1, keepdims=True)
+  ref = np.zeros((10, 8), np.float32)
+  for t in range(10):
+    for j in range(2):
+      e = int(top_e[t, j])
+      h = jax.nn.gelu(jnp.dot(x[t], params["w_in"][e], precision=hi))
+      ref[t] += float(gates[t, j]) * np.asarray(jnp.dot(h, params["w_out"][e], precision=hi))
+  np.testing.assert_allclose(np.asarray(out), ref, rtol=2e-5, atol=2e-6)
+
+
+def test_moe_drops_past_capacity():
+  from models.transformer import MoEFeedForward
+  cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
+                          experts_per_token=1, moe_capacity_factor=0.25)
+  layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)
+  x = jax.random.normal(KEY, (16, 8))
+  params = layer.init(KEY, x, KEY)["params"]
+  _, state = layer.apply({"params": params}, x, KEY, mutable=["metrics"])
+  # capacity 1 per expert: at most 4 of 16 assignments kept.
+  assert float(jax.tree.leaves(state)[0]) >= 0.75
+
+
+def test_moe_config_validation():
+  with pytest.raises(ValueError, match="experts_per_token"):
+    TransformerConfig(vocab_size=5, num_experts=2, experts_per_token=3)
+  with pytest.raises(ValueError, match="num_experts"):
+    TransformerConfig(vocab_size=5, num_experts=-1)
