@@ -79,6 +79,27 @@ class LMConfig:
       raise ValueError(f"warmup_steps must be in [0, num_steps), got {self.warmup_steps}")
 
 
+  # Hooks a derived experiment (experiments.alto) overrides; the trainer calls only these.
+  def transformer_config(self, vocab_size: int) -> TransformerConfig:
+    """The model's architecture for a vocabulary of ``vocab_size``."""
+    return TransformerConfig(vocab_size=vocab_size, d_model=self.d_model,
+                             num_layers=self.num_layers, num_heads=self.num_heads,
+                             d_ff=self.d_ff, max_len=self.seq_len)
+
+  def model_dot_generals(self) -> dict[str, Any]:
+    """``DecoderLM`` dot_general keyword arguments (the recipe and what stays bf16)."""
+    return recipe_flag.make_model_dot_generals(self.recipe)
+
+  def optimizer(self) -> optax.GradientTransformation:
+    """The optimizer (see :func:`make_optimizer`)."""
+    return make_optimizer(self)
+
+  def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
+    """Scalars read from the optimizer state after every step (none here)."""
+    del opt_state
+    return {}
+
+
 def make_optimizer(config: LMConfig) -> optax.GradientTransformation:
   """AdamW with linear warmup + cosine decay, optionally after global-norm clipping."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -94,14 +115,29 @@ def hparams_of(config: LMConfig) -> dict[str, Any]:
   return dataclasses.asdict(config)
 
 
-def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
+def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.Array]:
+  """``{name: mean over layers}`` of what the model sowed into ``collection``."""
+  grouped: dict[str, list[jax.Array]] = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(variables.get(collection, {}))[0]:
+    name = next(str(k.key) for k in reversed(path) if hasattr(k, "key"))
+    grouped.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
+  return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
+
+
+def train_and_evaluate(config: LMConfig, options: RunOptions,
+                       experiment: str = EXPERIMENT) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
 
+  The model, recipe and optimizer come from the config's hooks, so a derived config
+  (:class:`experiments.alto.AltoConfig`) reuses this trainer. Losses the model sows
+  (the MoE balance loss) are added to the training loss, summed over layers, and logged
+  per name as ``sown/<name>`` (mean over layers), with sown metrics (``moe_dropped``);
+  validation loss is the next-token loss alone.
   Safe to call repeatedly in one process (tests); multi-process setup happens once.
   """
   distributed.initialize(options.coordinator_address, options.num_processes,
                          options.process_id, single_process=options.single_process)
-  options = resolve_run_options(options, EXPERIMENT)
+  options = resolve_run_options(options, experiment)
   writer_process = distributed.is_writer()
   logging.info("process %d/%d, %d local / %d global devices (%s)", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
@@ -109,19 +145,25 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
 
   splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
                                    config.max_chars)
-  model = DecoderLM(
-      TransformerConfig(vocab_size=splits.vocab.size, d_model=config.d_model,
-                        num_layers=config.num_layers, num_heads=config.num_heads,
-                        d_ff=config.d_ff, max_len=config.seq_len),
-      **recipe_flag.make_model_dot_generals(config.recipe))
-  optimizer = make_optimizer(config)
+  model = DecoderLM(config.transformer_config(splits.vocab.size),
+                    **config.model_dot_generals())
+  optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)
 
+  def apply(params, inputs, key):
+    return model.apply({"params": params}, inputs, key, mutable=["losses", "metrics"])
+
   def loss_fn(params, batch, key):
-    logits = model.apply({"params": params}, batch["inputs"], key)
+    logits, sown = apply(params, batch["inputs"], key)
     loss, accuracy = next_token_loss(logits, batch["targets"])
-    return loss, {"accuracy": accuracy}
+    sown_losses = jax.tree.leaves(sown.get("losses", {}))
+    aux = {"accuracy": accuracy}
+    if sown_losses:
+      aux["next_token_loss"] = loss
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
+    return loss + sum(jnp.sum(l) for l in sown_losses), aux
 
   @functools.partial(jax.jit, out_shardings=replicated)
   def init(key):
@@ -136,7 +178,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
 
   @jax.jit
   def eval_step(params, batch, key):
-    logits = model.apply({"params": params}, batch["inputs"], key)
+    logits, _ = apply(params, batch["inputs"], key)
     return next_token_loss(logits, batch["targets"])
 
   eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
@@ -161,7 +203,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
   writer = MetricWriter(options.workdir, enabled=writer_process)
   if writer_process:
     run_metadata.write_run_metadata(options.workdir, config, options,
-                                    {"experiment": EXPERIMENT, "vocab_size": splits.vocab.size})
+                                    {"experiment": experiment, "vocab_size": splits.vocab.size})
     if start.step == 0:
       writer.write_hparams(hparams_of(config), trial_id=options.run_name)
   n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
@@ -175,12 +217,14 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
                           progress_every_s=config.progress_every_s,
                           stop_at_step=options.stop_at_step)
   t0 = time.time()
-  result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
+  result = run_loop(start=start,
+                    train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics),
                     batch_at=batch_at, settings=settings, writer=writer,
                     checkpointer=checkpointer, evaluate=evaluate,
-                    inspect=make_inspector(model.dot_general, skip_prefixes=("head",)))
+                    inspect=make_inspector(model.dot_general, skip_prefixes=("head",),
+                                           skip_names=("router",)))
   checkpointer.close()
-  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+  summary = run_summary(experiment, options, config, result, start_time=t0,
                         num_params=n_params, resumed_from_step=start.step,
                         process_count=jax.process_count(),
                         device_count=jax.device_count())
@@ -192,7 +236,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions) -> dict[str, Any]:
   return summary
 
 
-def _print_locations(summary: dict[str, Any], options: RunOptions) -> None:
+def print_locations(summary: dict[str, Any], options: RunOptions) -> None:
   workdir = summary["workdir"]
   print(f"\nrun {summary['run_name']}: {'completed' if summary['completed'] else 'stopped'} "
         f"at step {summary['step']}")
@@ -217,7 +261,7 @@ def main(argv):
   options = resolve_run_options(config_from_flags(RunOptions), EXPERIMENT)
   summary = train_and_evaluate(config, options)
   if distributed.is_writer():
-    _print_locations(summary, options)
+    print_locations(summary, options)
 
 
 def define_all_flags() -> None:

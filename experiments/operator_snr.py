@@ -25,17 +25,23 @@ _K = flags.DEFINE_integer("k", 1024, "input features")
 _N = flags.DEFINE_integer("n", 1024, "output features")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "independent draws averaged")
 _RATE = flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli outlier rate")
+_EXPERTS = flags.DEFINE_integer(
+    "experts", 0, "0: a Linear GEMM; E > 0: also a grouped expert GEMM over E experts "
+    "(X E x tokens x K, W E x K x N)")
 
 
 def main(argv):
   del argv
   print(f"X {_TOKENS.value}x{_K.value}, W {_K.value}x{_N.value}, outlier rate "
         f"{_RATE.value}, mean of {_REPEATS.value} draws")
-  print(f"{'recipe':12s} {'forward':>8s} {'dgrad':>8s} {'wgrad':>8s}")
+  print(f"{'recipe':12s} {'GEMM':8s} {'forward':>8s} {'dgrad':>8s} {'wgrad':>8s}")
   for r in _RECIPES.value:
-    s = qdot.snr(r, tokens=_TOKENS.value, k=_K.value, n=_N.value,
-                 key=jax.random.key(0), outlier_rate=_RATE.value, repeats=_REPEATS.value)
-    print(f"{r:12s} {s['forward']:8.2f} {s['dgrad']:8.2f} {s['wgrad']:8.2f}")
+    for gemm, experts in (("linear", 0),) + ((("grouped", _EXPERTS.value),)
+                                             if _EXPERTS.value else ()):
+      s = qdot.snr(r, tokens=_TOKENS.value, k=_K.value, n=_N.value, experts=experts,
+                   key=jax.random.key(0), outlier_rate=_RATE.value,
+                   repeats=_REPEATS.value)
+      print(f"{r:12s} {gemm:8s} {s['forward']:8.2f} {s['dgrad']:8.2f} {s['wgrad']:8.2f}")
 
 
 if __name__ == "__main__":

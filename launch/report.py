@@ -9,6 +9,7 @@ against the baseline arm with 95% t-intervals, per-run rows, and PNG plots of th
 from __future__ import annotations
 
 import collections
+import importlib
 import math
 import os
 import sys
@@ -143,6 +144,9 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
             f"Every run's full command is in `{os.path.join(sweep_dir, 'manifest.jsonl')}`. "
             f"TensorBoard: `tensorboard --logdir {os.path.join(sweep_dir, 'runs')} "
             "--host 127.0.0.1`.", ""]
+  if info.get("appendix"):
+    module, function = info["appendix"].split(":")
+    lines += [getattr(importlib.import_module(module), function)(sweep_dir)]
   path = os.path.join(sweep_dir, "REPORT.md")
   with open(path, "w") as f:
     f.write("\n".join(lines))

@@ -38,6 +38,8 @@ class Sweep:
     metrics: result metrics the report tabulates (lower is better unless listed in
       ``higher_is_better``); the first is the headline metric.
     curves: TensorBoard scalar tags the report plots.
+    appendix: ``"module:function"``; ``function(sweep_dir) -> markdown`` is appended
+      to the report (sweep-specific tables computed from the runs' events).
   """
 
   name: str
@@ -51,6 +53,7 @@ class Sweep:
   curves: tuple[str, ...] = ("train/loss", "eval/loss")
   seed_field: str = "seed"
   description: str = ""
+  appendix: str = ""
 
   def __post_init__(self):
     names = [a.name for a in self.arms]
@@ -60,6 +63,8 @@ class Sweep:
       raise ValueError(f"sweep {self.name!r} has duplicate arm names: {names}")
     if self.baseline not in names:
       raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
+    if self.appendix and self.appendix.count(":") != 1:
+      raise ValueError(f"appendix must be 'module:function', got {self.appendix!r}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"sweep {self.name!r} needs distinct seeds, got {self.seeds}")
     for arm in self.arms:  # fail at declaration, not halfway through a launch
@@ -128,6 +133,7 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str
           "seeds": list(sweep.seeds), "metrics": list(sweep.metrics),
           "higher_is_better": list(sweep.higher_is_better), "curves": list(sweep.curves),
           "seed_field": sweep.seed_field, "description": sweep.description,
+          "appendix": sweep.appendix,
           "base": dataclasses.asdict(sweep.base), "git": git_state(), "num_runs": len(runs)}
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
     json.dump(info, f, indent=2, sort_keys=True)

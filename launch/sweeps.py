@@ -58,7 +58,14 @@ def memoir() -> Sweep:
   return sweep_memoir.memoir()
 
 
+def alto() -> Sweep:
+  """ALTO's MXFP4 recipe ladder and negative results (declared in launch/sweep_alto.py)."""
+  from launch import sweep_alto  # pylint: disable=import-outside-toplevel
+  return sweep_alto.alto()
+
+
 _REGISTRY: dict[str, Callable[[], Sweep]] = {
+    "alto": alto,
     "lm_recipes": lm_recipes,
     "lm_builtin_recipes": lm_builtin_recipes,
     "temperon": temperon,

@@ -305,34 +305,40 @@ def outlier_data(key: jax.Array, shape: tuple[int, ...], rate: float = 0.005
 
 def snr(recipe: str | recipes_lib.Recipe, *, tokens: int = 2048, k: int = 1024,
         n: int = 1024, key: jax.Array | None = None, outlier_rate: float = 0.005,
-        repeats: int = 1) -> dict[str, float]:
+        repeats: int = 1, experts: int = 0) -> dict[str, float]:
   """Operator-level SNR (dB) of forward O, dgrad dX and wgrad dW under ``recipe``.
 
   X (tokens, K), W (K, N) and dO (tokens, N) are drawn from
   :func:`outlier_data` (as ALTO's operator table); the reference is the float32
-  computation without quantization. With ``repeats > 1`` the SNRs are averaged over
-  independent draws (and keys).
+  computation without quantization. With ``experts = E > 0`` the GEMM is a grouped
+  expert GEMM: X (E, tokens, K), W (E, K, N), batched over E (an MoE layer's
+  ``dot_general``). With ``repeats > 1`` the SNRs are averaged over independent draws
+  (and keys).
 
   Returns:
     ``{"forward": dB, "dgrad": dB, "wgrad": dB}``.
   """
+  if experts < 0:
+    raise ValueError(f"experts must be >= 0, got {experts}")
   key = jax.random.key(0) if key is None else key
   r = recipes_lib.get(recipe)
+  lead = (experts,) if experts else ()
+  dn = (((2,), (1,)), ((0,), (0,))) if experts else (((1,), (0,)), ((), ()))
 
   @jax.jit
   def one(kk):
     kx, kw, kg, kq = jax.random.split(kk, 4)
-    x = outlier_data(kx, (tokens, k), outlier_rate)
-    w = outlier_data(kw, (k, n), outlier_rate)
-    g = outlier_data(kg, (tokens, n), outlier_rate)
-    dn = (((1,), (0,)), ((), ()))
+    x = outlier_data(kx, lead + (tokens, k), outlier_rate)
+    w = outlier_data(kw, lead + (k, n), outlier_rate)
+    g = outlier_data(kg, lead + (tokens, n), outlier_rate)
     f = lambda x, w: quantized_dot_general(x, w, dn, r, kq,
                                            preferred_element_type=jnp.float32)
     out, vjp = jax.vjp(f, x, w)
     dx, dw = vjp(g)
     hi = lax.Precision.HIGHEST
-    ref = (jnp.dot(x, w, precision=hi), jnp.dot(g, w.T, precision=hi),
-           jnp.dot(x.T, g, precision=hi))
+    mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=hi)
+    ref = (mm("...tk,...kn->...tn", x, w), mm("...tn,...kn->...tk", g, w),
+           mm("...tk,...tn->...kn", x, g))
     return (out, dx, dw), ref
 
   totals = {"forward": 0.0, "dgrad": 0.0, "wgrad": 0.0}

@@ -47,8 +47,9 @@ def available_recipes() -> tuple[str, ...]:
   return tuple(names)
 
 
-def make_dot_general(recipe_name: str) -> DotGeneral:
-  """``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` for ``recipe_name``.
+def make_dot_general(recipe_name: "str | numerics.recipes.Recipe") -> DotGeneral:
+  """``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` for ``recipe_name``
+  (a name, or a ``numerics.recipes.Recipe`` object such as an ALTO option variant).
 
   Raises:
     ValueError: unknown recipe, or a quantized recipe while ``numerics.recipes`` /
@@ -57,6 +58,11 @@ def make_dot_general(recipe_name: str) -> DotGeneral:
   if recipe_name == "fp32":
     return fp32_dot_general
   recipes, qdot_or_error = _numerics_modules()
+  if not isinstance(recipe_name, str):
+    if recipes is None or not isinstance(recipe_name, recipes.Recipe):
+      raise ValueError(f"recipe must be a name or a numerics.recipes.Recipe, got "
+                       f"{type(recipe_name).__name__}")
+    return _quantized(qdot_or_error, recipe_name)
   if recipes is None:
     if recipe_name == "bf16":
       return bf16_dot_general
@@ -68,8 +74,11 @@ def make_dot_general(recipe_name: str) -> DotGeneral:
       return bf16_dot_general
     raise ValueError(f"unknown recipe {recipe_name!r}; available: "
                      f"{', '.join(available_recipes())}")
-  recipe = recipes.get(recipe_name)
-  quantized: Callable = qdot_or_error.quantized_dot_general
+  return _quantized(qdot_or_error, recipes.get(recipe_name))
+
+
+def _quantized(qdot, recipe) -> DotGeneral:
+  quantized: Callable = qdot.quantized_dot_general
 
   def dot_general(lhs, rhs, dimension_numbers, key):
     # Without preferred_element_type an unquantized recipe (bf16) would return -- and
@@ -80,7 +89,8 @@ def make_dot_general(recipe_name: str) -> DotGeneral:
   return dot_general
 
 
-def make_model_dot_generals(recipe_name: str) -> dict[str, DotGeneral]:
+def make_model_dot_generals(recipe_name: "str | numerics.recipes.Recipe"
+                            ) -> dict[str, DotGeneral]:
   """``DecoderLM`` keyword arguments for ``recipe_name``, ALTO's/TE's convention.
 
   The recipe quantizes the linear projections (q/k/v/output, feed-forward and the

@@ -43,11 +43,13 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> Tr
                     opt_state=optimizer.init(params))
 
 
-def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> TrainStep:
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                    state_metrics: Callable[[Any], Metrics] | None = None) -> TrainStep:
   """The jitted ``train_step(state, batch, key) -> (state, metrics)``.
 
   ``loss_fn(params, batch, key) -> (scalar loss, aux metrics)``. The returned metrics are a
-  flat dict of scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` plus aux.
+  flat dict of scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` plus aux,
+  plus ``state_metrics(new_opt_state)`` when given (e.g. a transform's counters).
   ``state`` is donated, so do not reuse the one passed in.
   """
 
@@ -59,6 +61,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) ->
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "param_norm": optax.tree.norm(params),
                "update_norm": optax.tree.norm(updates), **aux}
+    if state_metrics is not None:
+      metrics.update(state_metrics(opt_state))
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return jax.jit(train_step, donate_argnums=(0,))

@@ -23,14 +23,15 @@ def _path_name(path) -> str:
 
 
 def make_inspector(dot_general: DotGeneral, *, max_kernel_dim: int = 4096,
-                   skip_prefixes: tuple[str, ...] = ()
+                   skip_prefixes: tuple[str, ...] = (), skip_names: tuple[str, ...] = ()
                    ) -> Callable[[Any], tuple[dict[str, np.ndarray], dict[str, float]]]:
   """``inspect(params) -> (histograms, scalars)`` for the train loop.
 
   Histograms: ``params/<path>`` for every leaf, ``numerics/weight_quant_error/<path>`` for
   every 2-D kernel (fan-in <= ``max_kernel_dim``, to bound the identity's size) whose
   path does not start with one of ``skip_prefixes`` (kernels the recipe does not
-  quantize, e.g. a bf16 LM head). Scalars:
+  quantize, e.g. a bf16 LM head) and none of whose path components is in ``skip_names``
+  (e.g. every MoE ``router``). Scalars:
   ``numerics/weight_quant_rel_error/<path>`` = ||Q(W) - W|| / ||W||.
   """
 
@@ -40,7 +41,7 @@ def make_inspector(dot_general: DotGeneral, *, max_kernel_dim: int = 4096,
     for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
       name = _path_name(path)
       if (w.ndim != 2 or w.shape[0] > max_kernel_dim or not name.endswith("kernel")
-          or name.startswith(skip_prefixes)):
+          or name.startswith(skip_prefixes) or set(name.split("/")) & set(skip_names)):
         continue
       eye = jnp.eye(w.shape[0], dtype=jnp.float32)
       q = dot_general(eye, w, (((1,), (0,)), ((), ())), jax.random.PRNGKey(0))

@@ -14,11 +14,12 @@ def _run(*args):
 
 def test_operator_snr_prints_table():
   out = _run("experiments.operator_snr", "--recipes=bf16,mxfp4", "--tokens=64", "--k=64",
-             "--n=64", "--repeats=1")
-  rows = {l.split()[0]: [float(v) for v in l.split()[1:]] for l in out.splitlines()
+             "--n=64", "--repeats=1", "--experts=2")
+  rows = {tuple(l.split()[:2]): [float(v) for v in l.split()[2:]] for l in out.splitlines()
           if l.split() and l.split()[0] in ("bf16", "mxfp4")}
-  assert set(rows) == {"bf16", "mxfp4"}
-  assert all(b > m for b, m in zip(rows["bf16"], rows["mxfp4"]))
+  assert set(rows) == {(r, g) for r in ("bf16", "mxfp4") for g in ("linear", "grouped")}
+  for gemm in ("linear", "grouped"):
+    assert all(b > m for b, m in zip(rows["bf16", gemm], rows["mxfp4", gemm]))
 
 
 def test_demo_formats_prints_every_format():
