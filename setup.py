@@ -30,6 +30,7 @@ setup(
             "pytest>=9.0",
             "hypothesis>=6.150",
             "scikit-learn>=1.9",
+            "pytest-xdist>=3.8",
         ],
     },
 )

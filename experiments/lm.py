@@ -78,7 +78,6 @@ class LMConfig:
     if self.warmup_steps < 0 or self.warmup_steps >= self.num_steps:
       raise ValueError(f"warmup_steps must be in [0, num_steps), got {self.warmup_steps}")
 
-
   # Hooks a derived experiment (experiments.alto) overrides; the trainer calls only these.
   def transformer_config(self, vocab_size: int) -> TransformerConfig:
     """The model's architecture for a vocabulary of ``vocab_size``."""
