@@ -1,0 +1,29 @@
+"""numerics.rl: pure-JAX pieces of GRPO with a mismatched sampler.
+
+A *sampler* (behaviour policy: possibly stale, tempered or lower precision) produced the
+tokens and recorded their log-probs; the *learner* computes the loss. All per-token
+arrays are ``[B, T]`` float32 with a ``mask`` ``[B, T]`` (1 = completion token that counts).
+
+    advantages.group_advantages(rewards, group_size)       # GRPO advantages
+    importance.importance_weights(method, log_ratio, mask)  # TIS / MIS / IcePop weights
+    importance.is_statistics(w, mask)                       # mean, ESS, clip/drop fractions
+    policy_loss.grpo_loss(learner_logp, behaviour_logp, adv, mask, ...)
+    mismatch.mismatch_kl(learner_logp, behaviour_logp, mask)
+    sampler_copy.maybe_refresh(copy, learner_params, step, interval, export)
+"""
+
+from numerics.rl import advantages
+from numerics.rl import importance
+from numerics.rl import mismatch
+from numerics.rl import policy_loss
+from numerics.rl import sampler_copy
+from numerics.rl.advantages import group_advantages
+from numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
+from numerics.rl.mismatch import mismatch_kl
+from numerics.rl.policy_loss import grpo_loss, normalize_loss, ppo_clip_objective
+
+__all__ = [
+    "advantages", "importance", "mismatch", "policy_loss", "sampler_copy", "group_advantages", "ISWeights",
+    "importance_weights", "is_statistics", "log_ratio", "mismatch_kl", "grpo_loss",
+    "normalize_loss", "ppo_clip_objective",
+]

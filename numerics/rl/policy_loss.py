@@ -1,0 +1,201 @@
+"""GRPO/PPO policy loss with a sampler-mismatch importance weight.
+
+Per token, with ``l`` the learner's log-probs (differentiated), ``p`` the proximal
+(anchor) log-probs and ``b`` the sampler's recorded (behaviour) log-probs::
+
+    r_t    = exp(clip(l_t - p_t, -20, 20))                          PPO ratio
+    ppo_t  = min(r_t A_t, clip(r_t, 1 - eps, 1 + eps_high) A_t)
+    w_t    = IS weight of lr_t = clip(p_t - b_t, -20, 20)            stop-gradient
+    loss_t = -w_t * ppo_t + kl_coef * k3_t,   k3_t = exp(q_t - l_t) - (q_t - l_t) - 1
+
+(``q`` = reference log-probs). The loss is ``normalize_loss(loss_t, mask * keep)``,
+so tokens that masked IS / IcePop rejected leave the denominator too.
+
+Which ``p`` (one convention, following the TIS and AReaL equations in papers.md:
+``w = min(pi_learner_old / pi_sampler, C)`` multiplies the clipped term whose ratio is
+``pi_theta / pi_learner_old``):
+
+* ``proximal_logp`` given (decoupled PPO, AReaL): ``p = stop_gradient(proximal_logp)``,
+  the learner's own old log-probs; the weight corrects proximal vs sampler.
+* ``proximal_logp=None`` and an IS method: the learner's old policy *is* the current
+  one, ``p = stop_gradient(l)``. Then ``r = 1`` in value with ``dr/dl = 1``, and the
+  gradient is Yao et al.'s TIS estimator ``min(pi/mu, C) A grad log pi``. (Taking
+  ``p = b`` here would apply the sampler correction twice: once as ``r = pi/mu``, once
+  as ``w``.) Identical to passing ``proximal_logp=stop_gradient(learner_logp)``.
+* ``proximal_logp=None`` and ``is_method='none'``: ``p = b``, standard PPO/GRPO with
+  the ratio taken against the sampler's recorded log-probs (the ratio ``pi/mu`` is then
+  the only, clipped, correction). ``w = 1``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from numerics.rl import importance
+from numerics.rl import mismatch
+
+NORMALIZATIONS = ("token", "sequence", "constant")
+
+
+def _token_advantages(advantages, shape) -> jax.Array:
+  a = jnp.asarray(advantages).astype(jnp.float32)
+  if a.shape == tuple(shape):
+    return a
+  if a.shape == tuple(shape[:1]):
+    return jnp.broadcast_to(a[:, None], shape)
+  raise ValueError(f"advantages must be [B] or [B, T] = {tuple(shape)}, got shape {a.shape}")
+
+
+def _check_eps(clip_eps, clip_eps_high):
+  for name, v in (("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)):
+    if importance._is_number(v) and not v >= 0:
+      raise ValueError(f"{name} must be >= 0, got {v}")
+  return clip_eps if clip_eps_high is None else clip_eps_high
+
+
+def ppo_clip_objective(learner_logp: jax.Array, proximal_logp: jax.Array,
+                       advantages: jax.Array, clip_eps: float = 0.2,
+                       clip_eps_high: float | None = None) -> jax.Array:
+  """Per-token PPO-clip loss ``-min(r A, clip(r, 1-eps, 1+eps_high) A)``, float32 ``[B, T]``.
+
+  ``r = exp(clip(learner - stop_gradient(proximal), -20, 20))``; ``advantages`` is
+  ``[B, T]`` or per-sequence ``[B]`` (broadcast over T); ``clip_eps_high`` defaults to
+  ``clip_eps`` (set it larger for DAPO's clip-higher). Not masked or reduced.
+  """
+  eps_high = _check_eps(clip_eps, clip_eps_high)
+  l = importance.as_tokens(learner_logp, "learner_logp")
+  p = jax.lax.stop_gradient(importance.as_tokens(proximal_logp, "proximal_logp", l.shape))
+  a = _token_advantages(advantages, l.shape)
+  r = jnp.exp(importance.log_ratio(l, p))
+  return -jnp.minimum(r * a, jnp.clip(r, 1.0 - clip_eps, 1.0 + eps_high) * a)
+
+
+def ppo_clipped_mask(learner_logp: jax.Array, proximal_logp: jax.Array,
+                     advantages: jax.Array, clip_eps: float = 0.2,
+                     clip_eps_high: float | None = None) -> jax.Array:
+  """float32 ``[B, T]``: 1 where the clipped branch is active (its gradient is zero),
+  i.e. ``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps``."""
+  eps_high = _check_eps(clip_eps, clip_eps_high)
+  l = importance.as_tokens(learner_logp, "learner_logp")
+  p = importance.as_tokens(proximal_logp, "proximal_logp", l.shape)
+  a = _token_advantages(advantages, l.shape)
+  r = jnp.exp(importance.log_ratio(l, p))
+  hit = ((a > 0) & (r > 1.0 + eps_high)) | ((a < 0) & (r < 1.0 - clip_eps))
+  return jax.lax.stop_gradient(hit.astype(jnp.float32))
+
+
+def normalize_loss(per_token: jax.Array, mask: jax.Array, mode: str = "token",
+                   constant: float | None = None) -> jax.Array:
+  """Scalar float32 reduction of ``per_token`` ``[B, T]`` over ``mask``.
+
+  mode:
+    'token': ``sum(mask * x) / sum(mask)`` (DAPO token-level mean over the batch).
+    'sequence': mean over rows of the row's masked-token mean (original GRPO); rows with
+      no masked token are left out of the mean.
+    'constant': ``sum(mask * x) / constant`` (Dr. GRPO, e.g. ``constant = B * max_len``);
+      ``constant`` is required and > 0.
+  An empty mask gives 0 for 'token' and 'sequence'.
+  """
+  if mode not in NORMALIZATIONS:
+    raise ValueError(f"unknown loss normalization {mode!r}; expected one of {NORMALIZATIONS}")
+  x = importance.as_tokens(per_token, "per_token")
+  m = importance.as_mask(mask, x.shape)
+  masked = jnp.where(m > 0, x, 0.0)
+  if mode == "token":
+    return jnp.sum(masked) / jnp.maximum(jnp.sum(m), 1.0)
+  if mode == "sequence":
+    n_row = jnp.sum(m, axis=-1)
+    row_mean = jnp.sum(masked, axis=-1) / jnp.maximum(n_row, 1.0)
+    has = (n_row > 0).astype(jnp.float32)
+    return jnp.sum(row_mean * has) / jnp.maximum(jnp.sum(has), 1.0)
+  if constant is None:
+    raise ValueError("normalization='constant' needs a constant (e.g. batch * max_len)")
+  if importance._is_number(constant) and not constant > 0:
+    raise ValueError(f"constant must be > 0, got {constant}")
+  return jnp.sum(masked) / constant
+
+
+def k3_kl(learner_logp: jax.Array, reference_logp: jax.Array) -> jax.Array:
+  """Per-token k3 estimate of KL(pi_theta || pi_ref): ``exp(q - l) - (q - l) - 1`` >= 0,
+  with ``q - l`` clamped to ``[-20, 20]``; gradient flows through ``learner_logp``."""
+  d = importance.log_ratio(jax.lax.stop_gradient(jnp.asarray(reference_logp, jnp.float32)),
+                           learner_logp)
+  return jnp.exp(d) - d - 1.0
+
+
+def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: jax.Array,
+              mask: jax.Array, *, is_method: str = "token_tis", is_cap: float = 2.0,
+              is_lo: float = 0.5, is_hi: float = 2.0, is_level: str = "token",
+              clip_eps: float = 0.2, clip_eps_high: float | None = None,
+              normalization: str = "token", norm_constant: float | None = None,
+              proximal_logp: jax.Array | None = None, kl_coef: float = 0.0,
+              reference_logp: jax.Array | None = None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """GRPO loss (scalar float32) and metrics; the convention is in the module docstring.
+
+  Args:
+    learner_logp: ``[B, T]`` log-probs of the sampled tokens under the learner (the only
+      differentiated input).
+    behaviour_logp: ``[B, T]`` log-probs the sampler recorded (its own temperature and
+      precision; e.g. Pan's decoupled cooling records ``log mu_0.8``).
+    advantages: ``[B]`` per sequence or ``[B, T]``.
+    mask: ``[B, T]`` bool/float, 1 for completion tokens that count.
+    is_method: one of :data:`numerics.rl.importance.METHODS`; ``is_cap`` is the TIS C,
+      ``is_lo``/``is_hi`` the masked-IS/IcePop band, ``is_level`` masked IS's level.
+    clip_eps, clip_eps_high: PPO clip range ``[1 - clip_eps, 1 + clip_eps_high]``.
+    normalization, norm_constant: see :func:`normalize_loss`.
+    proximal_logp: ``[B, T]`` learner old log-probs for decoupled PPO, or None.
+    kl_coef, reference_logp: k3 KL penalty to the reference (required if kl_coef != 0).
+
+  Metrics (scalars): loss, pg_loss, kl (mean k3 over counted tokens), ppo_clip_frac
+  (counted tokens in the clipped branch), is_{mean,std,min,max,ess,clipped_frac,
+  dropped_frac} from :func:`numerics.rl.importance.is_statistics`, and
+  mismatch_{k1,k3,max_abs_delta_logp} between the learner and the sampler.
+  """
+  if is_method not in importance.METHODS:
+    raise ValueError(f"unknown IS method {is_method!r}; expected one of {importance.METHODS}")
+  if normalization not in NORMALIZATIONS:
+    raise ValueError(f"unknown loss normalization {normalization!r}; "
+                     f"expected one of {NORMALIZATIONS}")
+  l = importance.as_tokens(learner_logp, "learner_logp")
+  b = jax.lax.stop_gradient(importance.as_tokens(behaviour_logp, "behaviour_logp", l.shape))
+  m = importance.as_mask(mask, l.shape)
+  a = _token_advantages(advantages, l.shape)
+  use_kl = reference_logp is not None
+  if not use_kl and not (importance._is_number(kl_coef) and kl_coef == 0):
+    raise ValueError(f"kl_coef={kl_coef!r} needs reference_logp (or a python kl_coef=0)")
+
+  if proximal_logp is not None:
+    p = jax.lax.stop_gradient(importance.as_tokens(proximal_logp, "proximal_logp", l.shape))
+  elif is_method == "none":
+    p = b
+  else:
+    p = jax.lax.stop_gradient(l)
+
+  isw = importance.importance_weights(is_method, importance.log_ratio(p, b), m, cap=is_cap,
+                                      lo=is_lo, hi=is_hi, level=is_level)
+  counted = m * isw.keep
+  pg = isw.weights * ppo_clip_objective(l, p, a, clip_eps, clip_eps_high)
+  per_token = pg
+  if use_kl:
+    kl_tok = k3_kl(l, importance.as_tokens(reference_logp, "reference_logp", l.shape))
+    per_token = per_token + kl_coef * kl_tok
+  else:
+    kl_tok = jnp.zeros_like(l)
+  loss = normalize_loss(per_token, counted, normalization, norm_constant)
+
+  n_counted = jnp.maximum(jnp.sum(counted), 1.0)
+  clip_frac = jnp.sum(ppo_clipped_mask(l, p, a, clip_eps, clip_eps_high) * counted) / n_counted
+  metrics = {
+      "loss": jax.lax.stop_gradient(loss),
+      "pg_loss": jax.lax.stop_gradient(normalize_loss(pg, counted, normalization,
+                                                      norm_constant)),
+      "kl": jax.lax.stop_gradient(jnp.sum(kl_tok * counted) / n_counted),
+      "ppo_clip_frac": clip_frac,
+  }
+  metrics.update({f"is_{k}": v for k, v in importance.is_statistics(isw, m).items()
+                  if k != "n_tokens"})
+  metrics.update({f"mismatch_{k}": v for k, v in
+                  mismatch.mismatch_kl(jax.lax.stop_gradient(l), b, m).items()})
+  return loss, metrics
