@@ -1,0 +1,363 @@
+"""GRPO on multi-digit addition with a lagging sampler (Pan, "Cool the Sampler").
+
+    python -m experiments.stale_sampler                                # TIS, K = 8
+    python -m experiments.stale_sampler --refresh_interval=32 --sampler_temperature=0.8
+    python -m experiments.stale_sampler --is_method=none --workdir=runs/stale/uncorrected
+
+A small decoder LM is first fine-tuned with supervision on the task (cached under
+``--pretrain_dir`` by the hash of everything that defines it, so every arm and seed of a
+sweep starts from the same policy). RL then runs ``num_updates`` GRPO updates. The
+sampler is an explicit copy of the learner's weights (:mod:`numerics.rl.sampler_copy`,
+in ``--sampler_dtype``), refreshed every ``refresh_interval`` updates; each update
+draws fresh problems, samples a group per problem from the (stale) sampler at
+``sampler_temperature`` (recording the tempered behaviour log-probs), and takes one
+learner step on :func:`numerics.rl.policy_loss.grpo_loss`. The learner's policy, like
+the reference and the importance weights, is at temperature 1 (decoupled cooling).
+
+Correction arms: ``is_method=token_tis`` (w = min(pi / mu, C) on an on-policy ratio),
+``none`` with ``ratio_against=learner`` (no correction: the stale samples are treated
+as on-policy), ``none`` with ``ratio_against=sampler`` (PPO clip against the recorded
+log-probs), ``masked_is``/``icepop``/``sequence_tis``.
+
+Harness checks (Pan, "Probe the Harness") run at every update and raise on failure:
+the loss receives the sampler's recorded log-probs where the method names them; every
+batch is drawn from ``(seed, update)`` and none repeats; the loss normaliser is the one
+the config names (checked against an independent reduction on the first update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+
+from experiments.common import arithmetic_task as task
+from experiments.common import log_filters
+from experiments.common import run_metadata
+from experiments.common.config_flags import config_field, config_from_flags, define_flags
+from experiments.common.results import finish_run
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_writer import MetricWriter
+from models import sampling
+from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general, next_token_loss
+from numerics.rl import advantages as advantages_lib
+from numerics.rl import importance
+from numerics.rl import policy_loss
+from numerics.rl import sampler_copy
+
+EXPERIMENT = "stale_sampler"
+RATIO_AGAINST = ("sampler", "learner")
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleSamplerConfig:
+  """Everything that defines a run's result (its flags; written to config.json)."""
+
+  seed: int = config_field(0, "RL seed: problems, sampling and per-update keys.")
+  digits: int = config_field(3, "Digits per addend.")
+  d_model: int = config_field(64, "Model width.")
+  num_layers: int = config_field(2, "Transformer blocks.")
+  num_heads: int = config_field(4, "Attention heads.")
+  d_ff: int = config_field(256, "Feed-forward hidden width.")
+  pretrain_seed: int = config_field(0, "Seed of the supervised warm start (shared by arms).")
+  pretrain_steps: int = config_field(1200, "Supervised steps before RL (3 digits: ~43% greedy accuracy).")
+  pretrain_batch: int = config_field(64, "Supervised batch size.")
+  pretrain_lr: float = config_field(3e-3, "Supervised AdamW learning rate.")
+  pretrain_dir: str = config_field("runs/stale_sampler/pretrain",
+                                   "Cache of warm-start weights (by config hash).")
+  num_updates: int = config_field(96, "GRPO learner updates.")
+  prompts_per_update: int = config_field(16, "Problems per update.")
+  group_size: int = config_field(8, "Samples per problem (the GRPO group).")
+  learning_rate: float = config_field(1e-4, "Learner Adam learning rate (constant).")
+  refresh_interval: int = config_field(8, "Sync the sampler every K learner updates.")
+  sampler_temperature: float = config_field(1.0, "Sampler temperature (cooling: < 1).")
+  sampler_top_k: int = config_field(0, "Sampler top-k (0: off).")
+  sampler_top_p: float = config_field(1.0, "Sampler nucleus top-p (1: off).")
+  sampler_dtype: str = config_field("float32", "Sampler weight precision.",
+                                    choices=("float32", "bfloat16"))
+  is_method: str = config_field("token_tis", "Importance correction.",
+                                choices=importance.METHODS)
+  is_cap: float = config_field(2.0, "TIS truncation C.")
+  is_lo: float = config_field(0.5, "Masked IS / IcePop lower bound.")
+  is_hi: float = config_field(2.0, "Masked IS / IcePop upper bound.")
+  ratio_against: str = config_field(
+      "learner", "PPO ratio denominator: 'learner' (its own current log-probs: r = 1 "
+      "in value, the IS weight is the correction) or 'sampler' (the recorded "
+      "behaviour log-probs, r = pi / mu clipped).", choices=RATIO_AGAINST)
+  clip_eps: float = config_field(0.2, "PPO clip epsilon.")
+  normalization: str = config_field("token", "Loss normaliser.",
+                                    choices=policy_loss.NORMALIZATIONS)
+  log_every: int = config_field(1, "Write metrics every N updates.")
+  eval_every: int = config_field(8, "Greedy accuracy on held-out problems every N.")
+  eval_problems: int = config_field(256, "Held-out problems per evaluation.")
+
+  def __post_init__(self):
+    for name in ("num_updates", "prompts_per_update", "refresh_interval", "eval_problems",
+                 "pretrain_batch", "log_every", "eval_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.group_size < 2:
+      raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
+    if self.pretrain_steps < 0:
+      raise ValueError(f"pretrain_steps must be >= 0, got {self.pretrain_steps}")
+    if self.is_method != "none" and self.ratio_against == "sampler":
+      raise ValueError("an IS weight with the ratio against the sampler corrects twice; "
+                       "use ratio_against='learner'")
+    sampling.processed_log_probs(jnp.zeros(2), self.sampler_temperature,
+                                 self.sampler_top_k, self.sampler_top_p)
+
+  @property
+  def sampler_kwargs(self) -> dict[str, Any]:
+    return dict(temperature=self.sampler_temperature, top_k=self.sampler_top_k,
+                top_p=self.sampler_top_p)
+
+
+def make_model(config: StaleSamplerConfig) -> DecoderLM:
+  length = task.prompt_length(config.digits) + task.answer_length(config.digits)
+  return DecoderLM(TransformerConfig(
+      vocab_size=task.VOCAB_SIZE, d_model=config.d_model, num_layers=config.num_layers,
+      num_heads=config.num_heads, d_ff=config.d_ff, max_len=length),
+      dot_general=fp32_dot_general, attention_dot_general=fp32_dot_general,
+      head_dot_general=fp32_dot_general)
+
+
+def _pretrain_fields(config: StaleSamplerConfig) -> dict[str, Any]:
+  keys = ("digits", "d_model", "num_layers", "num_heads", "d_ff", "pretrain_seed",
+          "pretrain_steps", "pretrain_batch", "pretrain_lr")
+  return {k: getattr(config, k) for k in keys}
+
+
+def warm_start(config: StaleSamplerConfig, model: DecoderLM) -> tuple[Any, dict[str, float]]:
+  """The supervised warm-start params (cached) and their greedy accuracy."""
+  fields = _pretrain_fields(config)
+  digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+  path = os.path.join(config.pretrain_dir, f"{digest}.npz")
+  key = jax.random.PRNGKey(config.pretrain_seed)
+  length = task.prompt_length(config.digits) + task.answer_length(config.digits) - 1
+  params = model.init(key, jnp.zeros((1, length), jnp.int32), key)["params"]
+  leaves, treedef = jax.tree.flatten(params)
+  if os.path.exists(path):
+    with np.load(path) as f:
+      return jax.tree.unflatten(treedef, [jnp.asarray(f[f"p{i}"]) for i in
+                                          range(len(leaves))]), json.loads(str(f["info"]))
+  optimizer = optax.adamw(config.pretrain_lr, weight_decay=0.0)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    def loss_fn(p):
+      logits = model.apply({"params": p}, batch["inputs"], key)
+      return next_token_loss(logits, batch["targets"], batch["mask"])[0]
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  opt_state = optimizer.init(params)
+  for i in range(config.pretrain_steps):
+    batch = task.supervised_batch(seed=config.pretrain_seed + 10_000, position=i,
+                                  batch_size=config.pretrain_batch, digits=config.digits)
+    params, opt_state, loss = step(params, opt_state, batch)
+  info = {"pretrain_loss": float(loss) if config.pretrain_steps else float("nan"),
+          **greedy_accuracy(model, params, config, position=0)}
+  os.makedirs(config.pretrain_dir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp.npz"
+  np.savez(tmp, info=json.dumps(info), **{f"p{i}": np.asarray(x) for i, x in
+                                          enumerate(jax.tree.leaves(params))})
+  os.replace(tmp, path)  # atomic: parallel arms may race to write the same cache
+  return params, info
+
+
+def greedy_accuracy(model: DecoderLM, params: Any, config: StaleSamplerConfig,
+                    position: int) -> dict[str, float]:
+  """Exact-match accuracy of greedy (top-1) decoding on held-out problems (a fixed
+  set per ``position``, drawn from the warm-start seed so every arm sees the same)."""
+  p = task.problems(seed=config.pretrain_seed + 20_000, position=position,
+                    batch_size=config.eval_problems, digits=config.digits)
+  out = _greedy(model, params, jnp.asarray(p["prompts"]),
+                task.answer_length(config.digits))
+  completions = np.asarray(out)[:, task.prompt_length(config.digits):]
+  return {"greedy_accuracy": float(task.rewards(completions, p["answers"]).mean())}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _greedy(model, params, prompts, num_new):
+  apply = lambda prm, t, k: model.apply({"params": prm}, t, k)
+  return sampling.sample(apply, params, prompts, num_new, jax.random.PRNGKey(0),
+                         top_k=1).tokens
+
+
+def batch_fingerprint(prompts: np.ndarray) -> str:
+  return hashlib.sha1(np.ascontiguousarray(prompts).tobytes()).hexdigest()[:16]
+
+
+def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions) -> dict[str, Any]:
+  """Runs the warm start and the RL updates; returns the run's summary."""
+  options = resolve_run_options(options, EXPERIMENT)
+  t0 = time.time()
+  model = make_model(config)
+  apply = lambda prm, t, k: model.apply({"params": prm}, t, k)
+  params, warm_info = warm_start(config, model)
+  export = sampler_copy.cast_export(config.sampler_dtype)
+  sampler = sampler_copy.initial_copy(params, export)
+  optimizer = optax.adam(config.learning_rate)
+  opt_state = optimizer.init(params)
+  prompt_len = task.prompt_length(config.digits)
+  num_new = task.answer_length(config.digits)
+  sampler_apply = lambda prm, t, k: apply(
+      jax.tree.map(lambda x: x.astype(jnp.float32), prm), t, k)
+
+  @jax.jit
+  def draw(sampler_params, prompts, key):
+    return sampling.sample(sampler_apply, sampler_params, prompts, num_new, key,
+                           **config.sampler_kwargs)
+
+  def loss_fn(p, tokens, behaviour_logp, adv, mask):
+    learner_logp = sampling.sequence_log_probs(apply, p, tokens, prompt_len,
+                                               jax.random.PRNGKey(0))
+    proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
+                else None)
+    loss, metrics = policy_loss.grpo_loss(
+        learner_logp, behaviour_logp, adv, mask, is_method=config.is_method,
+        is_cap=config.is_cap, is_lo=config.is_lo, is_hi=config.is_hi,
+        clip_eps=config.clip_eps, normalization=config.normalization,
+        norm_constant=float(mask.size), proximal_logp=proximal)
+    return loss, metrics
+
+  @jax.jit
+  def update(p, opt_state, tokens, behaviour_logp, adv, mask):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        p, tokens, behaviour_logp, adv, mask)
+    updates, opt_state = optimizer.update(grads, opt_state, p)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return optax.apply_updates(p, updates), opt_state, metrics
+
+  writer = MetricWriter(options.workdir)
+  run_metadata.write_run_metadata(options.workdir, config, options,
+                                  {"experiment": EXPERIMENT, "warm_start": warm_info})
+  writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+  writer.write_scalars(0, {f"eval/{k}": v for k, v in
+                           greedy_accuracy(model, params, config, 1).items()})
+  seen: set[str] = set()
+  rewards_log, final = [], {}
+  key = jax.random.PRNGKey(config.seed)
+  for step in range(config.num_updates):
+    sampler = sampler_copy.maybe_refresh(sampler, params, step, config.refresh_interval,
+                                         export)
+    batch = task.grouped_prompts(seed=config.seed, position=step,
+                                 num_prompts=config.prompts_per_update,
+                                 group_size=config.group_size, digits=config.digits)
+    fingerprint = batch_fingerprint(batch["prompts"][::config.group_size])
+    if fingerprint in seen:  # harness check: the batch queue never repeats a batch
+      raise RuntimeError(f"update {step}: batch {fingerprint} was already used")
+    seen.add(fingerprint)
+    samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
+                   jax.random.fold_in(key, step))
+    completions = np.asarray(samples.tokens[:, prompt_len:])
+    reward = task.rewards(completions, batch["answers"])
+    mask = task.completion_mask(completions)
+    adv = advantages_lib.group_advantages(jnp.asarray(reward), config.group_size)
+    if step == 0:
+      check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
+                    prompt_len)
+    params, opt_state, metrics = update(params, opt_state, samples.tokens, samples.logp,
+                                        adv, jnp.asarray(mask))
+    rewards_log.append(float(reward.mean()))
+    if (step + 1) % config.log_every == 0 or step + 1 == config.num_updates:
+      scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+      scalars.update({"train/reward": float(reward.mean()),
+                      "rl/staleness": int(sampler_copy.staleness(sampler, step)),
+                      "rl/cycle_step": step % config.refresh_interval,
+                      "rl/sampler_version": int(sampler.version),
+                      "rl/refreshed": float(step % config.refresh_interval == 0)})
+      writer.write_scalars(step + 1, scalars)
+      final = scalars
+    if (step + 1) % config.eval_every == 0 or step + 1 == config.num_updates:
+      ev = greedy_accuracy(model, params, config, position=1)
+      writer.write_scalars(step + 1, {f"eval/{k}": v for k, v in ev.items()})
+      final.update({f"eval/{k}": v for k, v in ev.items()})
+      logging.info("update %d: reward %.3f greedy %.3f is_mean %.3f", step + 1,
+                   reward.mean(), ev["greedy_accuracy"], final.get("train/is_mean", 0))
+  last = max(1, config.num_updates // 4)
+  metrics_out = {**final, "reward/mean_over_training": float(np.mean(rewards_log)),
+                 "reward/last_quarter": float(np.mean(rewards_log[-last:])),
+                 "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
+  summary = {"experiment": EXPERIMENT, "run_name": options.run_name,
+             "workdir": options.workdir, "completed": True, "step": config.num_updates,
+             "config": dataclasses.asdict(config), "metrics": metrics_out,
+             "first_batch": batch_fingerprint(task.problems(
+                 seed=config.seed, position=0, batch_size=config.prompts_per_update,
+                 digits=config.digits)["prompts"]),
+             "wall_s": time.time() - t0, "git": run_metadata.git_state()}
+  finish_run(writer, options.results_file, summary, completed=True,
+             step=config.num_updates)
+  return summary
+
+
+def check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
+                  prompt_len) -> None:
+  """Pan's harness checks on the first update; raise on a violation.
+
+  1. The behaviour log-probs the loss receives are the sampler's own: recomputing them
+     from the sampler's weights with its processing matches the recorded ones, and the
+     loss changes when they are replaced by the learner's recomputation (so they are
+     used) unless the method takes no behaviour term at all.
+  2. The loss normaliser is the configured one: the loss equals an independent
+     reduction of the per-token objective.
+  """
+  sampler_params = jax.tree.map(lambda x: x.astype(jnp.float32), sampler.params)
+  recomputed = sampling.sequence_log_probs(apply, sampler_params, samples.tokens,
+                                           prompt_len, jax.random.PRNGKey(0),
+                                           **config.sampler_kwargs)
+  m = jnp.asarray(mask)
+  gap = float(jnp.max(jnp.abs(recomputed - samples.logp) * m))
+  if gap > 1e-4:
+    raise RuntimeError(f"recorded behaviour log-probs differ from the sampler's by {gap}")
+  learner = sampling.sequence_log_probs(apply, params, samples.tokens, prompt_len,
+                                        jax.random.PRNGKey(0))
+  loss_b, _ = loss_fn(params, samples.tokens, samples.logp, adv, m)
+  loss_l, _ = loss_fn(params, samples.tokens, learner, adv, m)
+  uses_behaviour = config.is_method != "none" or config.ratio_against == "sampler"
+  mismatch = float(jnp.max(jnp.abs(learner - samples.logp) * m)) > 1e-3
+  if (uses_behaviour and mismatch and bool(jnp.any(adv != 0))
+      and float(loss_b) == float(loss_l)):
+    raise RuntimeError("the loss does not depend on the recorded behaviour log-probs")
+  # Normaliser: recompute with the per-token objective under the named reduction.
+  # On an on-policy ratio (r = 1) the objective is -w A, w = min(pi / mu, C) for TIS.
+  weight = {"none": jnp.ones_like(learner),
+            "token_tis": jnp.minimum(jnp.exp(learner - samples.logp), config.is_cap)
+            }.get(config.is_method)
+  per_token = -adv[:, None] * (weight if weight is not None else 0.0)
+  if config.ratio_against == "learner" and weight is not None:
+    expected = {"token": jnp.sum(per_token * m) / jnp.maximum(jnp.sum(m), 1.0),
+                "sequence": jnp.mean(jnp.sum(per_token * m, 1)
+                                     / jnp.maximum(jnp.sum(m, 1), 1.0)),
+                "constant": jnp.sum(per_token * m) / m.size}[config.normalization]
+    if not np.isclose(float(loss_b), float(expected), rtol=1e-5, atol=1e-6):
+      raise RuntimeError(f"loss {float(loss_b)} is not the {config.normalization!r}-"
+                         f"normalised objective {float(expected)}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  log_filters.quiet_library_info()
+  config = config_from_flags(StaleSamplerConfig)
+  options = resolve_run_options(config_from_flags(RunOptions), EXPERIMENT)
+  summary = train_and_evaluate(config, options)
+  print(json.dumps(summary["metrics"], indent=1, sort_keys=True))
+  print(f"TensorBoard events: {summary['workdir']}")
+
+
+if __name__ == "__main__":
+  define_flags(StaleSamplerConfig)
+  define_flags(RunOptions)
+  app.run(main)
