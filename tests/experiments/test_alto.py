@@ -121,5 +121,8 @@ def test_convergence_table_from_planted_curves(tmp_path):
   # final gap: 1 - 0.8 = 0.2 for both seeds; never reaches the target.
   assert rows["`mxfp4_rht_sr`"][4] == "0.2000 ± 0.0000"
   assert rows["`mxfp4_rht_sr`"][5] == "n/a" and rows["`mxfp4_rht_sr`"][6] == "0/2"
+  # bf16 reaches mxfp4's final loss (its own final + 0.2) at step 0.8 n: 1 / 0.8 - 1.
+  assert rows["`mxfp4_rht_sr`"][7] == "25.0 ± 0.0"
+  assert rows["`bf16`"][7] == "n/a"
   assert rows["`nvfp4_rht_sr`"][0] == "0"
   assert os.path.exists(tmp_path / "sweep.json")
