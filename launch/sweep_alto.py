@@ -180,6 +180,30 @@ def snr_table(tokens: int = 1024, k: int = 512, n: int = 512, experts: int = 8,
   return "\n".join(lines) + "\n"
 
 
+def late_training_plot(sweep_dir: str, tag: str = "eval/loss") -> str:
+  """Markdown linking a plot of ``tag`` over the second half of training (where the
+  arms separate; the full curves are in the report's Curves section)."""
+  from experiments.common.tensorboard_reader import read_scalars  # pylint: disable=import-outside-toplevel
+  from launch.curve_plots import plot_curves  # pylint: disable=import-outside-toplevel
+  from launch.sweep_spec import read_manifest, read_sweep_info  # pylint: disable=import-outside-toplevel
+  info = read_sweep_info(sweep_dir)
+  start = int(info["base"]["num_steps"]) // 2
+  curves: dict[str, list] = {a["name"]: [] for a in info["arms"]}
+  for m in read_manifest(sweep_dir):
+    if os.path.isdir(m["workdir"]):
+      curve = [(s, v) for s, v in read_scalars(m["workdir"]).get(tag, []) if s >= start]
+      if curve:
+        curves[m["arm"]].append(curve)
+  curves = {a: c for a, c in curves.items() if c}
+  if not curves:
+    return ""
+  rel = os.path.join("plots", "late_" + tag.replace("/", "_") + ".png")
+  plot_curves(f"{tag} from step {start}", curves, os.path.join(sweep_dir, rel),
+              baseline=info["baseline"])
+  return f"\n## Late training\n\n![{tag} from step {start}]({rel})\n"
+
+
 def alto_appendix(sweep_dir: str) -> str:
-  """The report appendix: :func:`convergence_table` and :func:`snr_table`."""
-  return convergence_table(sweep_dir) + snr_table()
+  """The report appendix: :func:`convergence_table`, :func:`late_training_plot` and
+  :func:`snr_table`."""
+  return convergence_table(sweep_dir) + late_training_plot(sweep_dir) + snr_table()
