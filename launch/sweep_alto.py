@@ -4,7 +4,7 @@
 
 Scaled down from the paper (a ~1B-parameter MoE, 16k steps of GBS 16 on web text) to
 fit about an hour on 2 shared CPU cores: a char-level MoE LM on Shakespeare (2 blocks,
-d_model 128, 8 experts of width 128, top-2; ~0.6M parameters), 500 steps of 32 x 64
+d_model 128, 8 experts of width 128, top-2; 0.69M parameters), 500 steps of 32 x 64
 tokens, 2 seeds. The de-oscillation schedule is scaled from (start 2000, period 200 of
 16k steps) to start 60 of 500 (the same 12%) with period 25 (TetraJet-v2's default;
 200/16k of 500 would be a 6-step window) and ALTO's ratio 4.
