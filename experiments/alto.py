@@ -84,12 +84,10 @@ class AltoConfig(lm.LMConfig):
       raise ValueError(f"num_experts must be >= 1, got {self.num_experts}")
     if self.option_list and self.recipe in ("fp32", "bf16"):
       raise ValueError(f"recipe_options need a quantized recipe, got {self.recipe!r}")
-    if self.deoscillation:
-      op = self.build_recipe().forward.rhs
-      if op is None:
-        raise ValueError(f"deoscillation needs a recipe that quantizes the forward "
-                         f"weight, got {self.recipe!r}")
-    self.build_recipe()  # fails early on an inconsistent option combination
+    recipe = self.build_recipe()  # fails early on an inconsistent option combination
+    if self.deoscillation and recipe.forward.rhs is None:
+      raise ValueError(f"deoscillation needs a recipe that quantizes the forward "
+                       f"weight, got {self.recipe!r}")
 
   @property
   def option_list(self) -> tuple[str, ...]:
