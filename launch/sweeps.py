@@ -64,10 +64,17 @@ def alto() -> Sweep:
   return sweep_alto.alto()
 
 
+def stale_sampler() -> Sweep:
+  """Pan's staleness cliff and decoupled cooling (declared in launch/sweep_stale_sampler.py)."""
+  from launch import sweep_stale_sampler  # pylint: disable=import-outside-toplevel
+  return sweep_stale_sampler.stale_sampler()
+
+
 _REGISTRY: dict[str, Callable[[], Sweep]] = {
     "alto": alto,
     "lm_recipes": lm_recipes,
     "lm_builtin_recipes": lm_builtin_recipes,
+    "stale_sampler": stale_sampler,
     "temperon": temperon,
     "memoir": memoir,
 }

@@ -1,0 +1,252 @@
+"""The ``stale_sampler`` sweep: Pan's staleness cliff and decoupled cooling in miniature.
+
+    python -m launch.sweep --sweep=stale_sampler \
+        --sweep_dir=experiments/reports/stale_sampler --parallel=2
+
+GRPO on 3-digit addition (:mod:`experiments.stale_sampler`) from one cached supervised
+warm start, with the sampler refreshed every K learner updates. Scaled down from the
+paper (Qwen2.5-Math-1.5B on GSM8K, K = 96 / 192) so that every arm finishes in minutes
+on 2 CPU cores: a 2-block d_model 64 LM, 16 problems x 8 samples per update.
+
+The appendix (computed from the runs' events when the report is built) gives the
+reward-vs-update curves per K with the refresh points marked, the mismatch and IS
+statistics by position within a refresh cycle, and, per arm, whether and when each seed
+degraded (:func:`degradation_update`).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from launch.sweep_spec import Arm, Sweep
+
+SEEDS = (0, 1, 2)
+BASELINE = "tis_K8"
+# The sampled reward is the *sampler's* (flat within a cycle, noisy: 16 problems x 8
+# samples), so degradation is judged on the learner's greedy accuracy on a fixed
+# held-out set; plots of the reward use a trailing moving average over SMOOTH updates.
+SMOOTH = 16
+DROP = 0.10
+PERSIST = 2
+CYCLE_TAGS = ("train/mismatch_k3", "train/mismatch_max_abs_delta_logp", "train/is_mean",
+              "train/is_clipped_frac", "train/is_ess")
+
+
+_NONE = {"is_method": "none", "ratio_against": "learner"}
+_TIS = {"is_method": "token_tis"}
+_LR_LABELS = {1e-3: "lr1e-3", 1e-4: "lr1e-4", 6e-4: "lr6e-4"}
+
+
+def _arm(method: str, k: int, **overrides: Any) -> Arm:
+  """``<method>[_T<temperature>][_lr<lr>]_K<k>`` with the method's IS settings."""
+  name = method
+  if "sampler_temperature" in overrides:
+    name += f"_T{overrides['sampler_temperature']}"
+  if "learning_rate" in overrides:
+    name += "_" + _LR_LABELS[overrides["learning_rate"]]
+  return Arm(f"{name}_K{k}", {**(_TIS if method == "tis" else _NONE),
+                              "refresh_interval": k, **overrides})
+
+
+def stale_sampler() -> Sweep:
+  """No correction / TIS / TIS + cooling (T 0.8, 0.6) / cooling alone / lower lr, by K.
+
+  Two blocks: at lr 3e-4, K in {8, 32, 64, 96}; at lr 1e-3, K in {8, 64}, where TIS
+  has a cliff, with the cooled arms, cooling without IS, and (the lower-lr arm) TIS at
+  3e-4 with the same K = 64.
+  """
+  from experiments.stale_sampler import StaleSamplerConfig  # pylint: disable=import-outside-toplevel
+  base = StaleSamplerConfig(num_updates=192, learning_rate=3e-4, eval_every=8)
+  # Calibrated on seed 0 (lr 3e-4 is where on-policy GRPO learns fastest of 3e-4,
+  # 6e-4, 1e-3): at 3e-4 the uncorrected run's cliff lies between K = 8 and K = 32
+  # while TIS survives K = 128; at 1e-3 TIS degrades at K = 64 (the K past its cliff).
+  arms = (
+      _arm("tis", 8), _arm("none", 8), _arm("tis", 32), _arm("none", 32),
+      _arm("none", 32, sampler_temperature=0.8),
+      _arm("tis", 64), _arm("tis", 96), _arm("tis", 96, sampler_temperature=0.8),
+      _arm("tis", 8, learning_rate=1e-3), _arm("tis", 64, learning_rate=1e-3),
+      _arm("tis", 64, learning_rate=1e-3, sampler_temperature=0.8),
+      _arm("tis", 64, learning_rate=1e-3, sampler_temperature=0.6),
+      _arm("none", 64, learning_rate=1e-3, sampler_temperature=0.8),
+  )
+  return Sweep(
+      name="stale_sampler", module="experiments.stale_sampler", base=base, arms=arms,
+      seeds=SEEDS, baseline=BASELINE,
+      metrics=("reward/mean_over_training", "reward/last_quarter",
+               "eval/greedy_accuracy", "train/mismatch_k3"),
+      higher_is_better=("reward/mean_over_training", "reward/last_quarter",
+                        "eval/greedy_accuracy"),
+      curves=("eval/greedy_accuracy", "train/mismatch_k3"),
+      appendix="launch.sweep_stale_sampler:stale_sampler_appendix",
+      description="Pan, 'Cool the Sampler, Not the Learner', in miniature: GRPO on "
+      "3-digit addition with the sampler refreshed every K updates. Arms are named "
+      "<correction>[_T<sampler temperature>][_lr<learning rate>]_K<interval>; 'none' "
+      "treats the stale samples as on-policy, 'tis' is token-level TIS (C = 2) with "
+      "the learner and its importance weights at temperature 1.")
+
+
+def degradation_update(curve: Sequence[tuple[int, float]], *, drop: float = DROP,
+                       persist: int = PERSIST) -> int | None:
+  """The update at which the learner has degraded, or None.
+
+  ``curve`` is the learner's greedy accuracy ``[(update, value), ...]`` starting with
+  the warm start's (update 0). The run has degraded at the first evaluation whose
+  value is more than ``drop`` below the warm start's, provided the next ``persist - 1``
+  evaluations (as many as exist) are below that line too: it has become worse than the
+  policy it started from, and not for a single evaluation.
+  """
+  if not curve:
+    return None
+  steps = [s for s, _ in curve]
+  values = np.asarray([v for _, v in curve], np.float64)
+  below = values < values[0] - drop
+  for i in range(1, len(values)):
+    if below[i:i + persist].all():
+      return int(steps[i])
+  return None
+
+
+def _interval(info: dict[str, Any], arm: str) -> int:
+  overrides = next(a["overrides"] for a in info["arms"] if a["name"] == arm)
+  return int(overrides.get("refresh_interval", info["base"]["refresh_interval"]))
+
+
+def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, list]]]]:
+  """Sweep info and ``arm -> seed -> tag -> [(update, value)]`` of completed runs."""
+  from experiments.common.tensorboard_reader import read_scalars  # pylint: disable=import-outside-toplevel
+  from launch.sweep_spec import read_manifest, read_sweep_info  # pylint: disable=import-outside-toplevel
+  info = read_sweep_info(sweep_dir)
+  n = int(info["base"]["num_updates"])
+  runs: dict[str, dict[int, dict[str, list]]] = collections.defaultdict(dict)
+  for m in read_manifest(sweep_dir):
+    if os.path.isdir(m["workdir"]):
+      scalars = read_scalars(m["workdir"])
+      if len(scalars.get("train/reward", [])) >= n:
+        runs[m["arm"]][m["seed"]] = scalars
+  return info, runs
+
+
+def _spread(xs: Sequence[float], digits: int = 3) -> str:
+  if not xs:
+    return ""
+  if len(xs) == 1:
+    return f"{xs[0]:.{digits}f}"
+  return f"{np.mean(xs):.{digits}f} ± {np.std(xs, ddof=1):.{digits}f}"
+
+
+def degradation_table(sweep_dir: str) -> str:
+  """Markdown: per arm, reward over training / at the end, and when each seed degraded."""
+  info, runs = _runs(sweep_dir)
+  lines = ["", "## Does the run degrade, and when?", "",
+           "*Reward* is the mean exact-match reward of the sampled groups at each update "
+           "(the sampler's policy, so it is flat within a cycle and jumps at a refresh). "
+           "*Greedy accuracy* is the learner's exact-match accuracy with greedy decoding "
+           f"on {info['base']['eval_problems']} fixed held-out problems, every "
+           f"{info['base']['eval_every']} updates. A seed *degrades* at the first "
+           f"evaluation where the learner's greedy accuracy is more than {DROP:.2f} below "
+           f"the warm start's and stays below for {PERSIST} evaluations (it has become "
+           "worse than the policy it began from); the update is given as *cycle c, step "
+           "s of K* (cycle 0 runs on the initial sampler copy, and step K is the last "
+           "update before the next refresh). Mean ± sample std over seeds.", "",
+           "| arm | K | seeds | reward, mean over training | reward, last quarter | "
+           "final greedy accuracy | degraded | where (per seed) |",
+           "|---|---|---|---|---|---|---|---|"]
+  for arm in [a["name"] for a in info["arms"]]:
+    k = _interval(info, arm)
+    seeds = runs.get(arm, {})
+    if not seeds:
+      lines.append(f"| `{arm}` | {k} | 0 | | | | | |")
+      continue
+    means, lasts, greedy, where, n_bad = [], [], [], [], 0
+    for seed in sorted(seeds):
+      r = [v for _, v in seeds[seed]["train/reward"]]
+      means.append(float(np.mean(r)))
+      lasts.append(float(np.mean(r[-max(1, len(r) // 4):])))
+      greedy.append(seeds[seed]["eval/greedy_accuracy"][-1][1])
+      t = degradation_update(seeds[seed]["eval/greedy_accuracy"])
+      if t is None:
+        where.append(f"seed {seed}: no")
+      else:  # the evaluation after update t (1-based) ran on the learner after t updates
+        n_bad += 1
+        where.append(f"seed {seed}: update {t} (cycle {(t - 1) // k}, step "
+                     f"{(t - 1) % k + 1} of {k})")
+    lines.append(f"| `{arm}` | {k} | {len(seeds)} | {_spread(means)} | {_spread(lasts)} | "
+                 f"{_spread(greedy)} | {n_bad}/{len(seeds)} | {'; '.join(where)} |")
+  return "\n".join(lines) + "\n"
+
+
+def cycle_table(sweep_dir: str, bins: int = 4) -> str:
+  """Markdown: mismatch and IS statistics by position within the refresh cycle.
+
+  For each arm the cycle ``[0, K)`` is cut into ``bins`` equal parts; each cell is the
+  mean over every update in that part of every cycle, then mean ± std over seeds.
+  """
+  info, runs = _runs(sweep_dir)
+  header = " | ".join(f"{i * 100 // bins}–{(i + 1) * 100 // bins}%" for i in range(bins))
+  out = ["", "## Within a refresh cycle", "",
+         f"Each cell: the statistic averaged over the updates in that fraction of every "
+         f"refresh cycle (cycle step / K), then mean ± std over seeds. `mismatch_k3` is "
+         "the k3 estimate of KL(sampler ‖ learner) on the sampled tokens (the sampler's "
+         "tempered distribution against the learner's at temperature 1); the `is_*` "
+         "rows are the TIS weights min(π/μ, 2) (all 1 for the uncorrected arms, so "
+         "they are left out there).", ""]
+  for tag in CYCLE_TAGS:
+    out += [f"**`{tag}`**", "", f"| arm | K | {header} |",
+            "|---|---|" + "---|" * bins]
+    for arm in [a["name"] for a in info["arms"]]:
+      seeds = runs.get(arm, {})
+      over = next(a["overrides"] for a in info["arms"] if a["name"] == arm)
+      if not seeds or (tag.startswith("train/is_")
+                       and over.get("is_method", info["base"]["is_method"]) == "none"):
+        continue
+      k = _interval(info, arm)
+      cells = []
+      for b in range(bins):
+        per_seed = []
+        for s in seeds.values():
+          vals = [v for step, v in s.get(tag, [])
+                  if b * k <= ((step - 1) % k) * bins < (b + 1) * k]
+          if vals:
+            per_seed.append(float(np.mean(vals)))
+        cells.append(_spread(per_seed))
+      out.append(f"| `{arm}` | {k} | " + " | ".join(cells) + " |")
+    out.append("")
+  return "\n".join(out)
+
+
+def reward_plots(sweep_dir: str) -> str:
+  """Markdown linking, per refresh interval K, the greedy accuracy, sampled reward and
+  mismatch of every arm with that K against update, with the refresh points marked."""
+  from launch.curve_plots import plot_curves  # pylint: disable=import-outside-toplevel
+  info, runs = _runs(sweep_dir)
+  n = int(info["base"]["num_updates"])
+  by_k: dict[int, dict[str, bool]] = collections.defaultdict(dict)
+  for arm in [a["name"] for a in info["arms"]]:
+    if runs.get(arm):
+      by_k[_interval(info, arm)][arm] = True
+  out = ["", "## Learner accuracy, sampled reward and mismatch against update", "",
+         "One row per refresh interval K: the learner's greedy accuracy (raw), the "
+         f"sampled reward and the k3 mismatch (trailing moving averages over {SMOOTH} "
+         "updates). Thin lines are seeds, thick lines their mean; dotted verticals are "
+         "the sampler refreshes.", ""]
+  for k in sorted(by_k):
+    for tag, smooth in (("eval/greedy_accuracy", 1), ("train/reward", SMOOTH),
+                        ("train/mismatch_k3", SMOOTH)):
+      curves = {arm: [s[tag] for s in runs[arm].values()] for arm in by_k[k]}
+      rel = os.path.join("plots", f"{tag.split('/')[1]}_K{k}.png")
+      plot_curves(tag, curves, os.path.join(sweep_dir, rel), smooth=smooth,
+                  vlines=[x + 0.5 for x in range(k, n, k)][:64],
+                  vline_label="sampler refresh", title=f"{tag}, K = {k}")
+      out.append(f"![{tag}, K = {k}]({rel})")
+    out.append("")
+  return "\n".join(out)
+
+
+def stale_sampler_appendix(sweep_dir: str) -> str:
+  """The report appendix: :func:`degradation_table`, :func:`reward_plots` and
+  :func:`cycle_table`."""
+  return degradation_table(sweep_dir) + reward_plots(sweep_dir) + cycle_table(sweep_dir)
