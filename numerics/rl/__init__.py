@@ -17,6 +17,7 @@ from numerics.rl import importance
 from numerics.rl import mismatch
 from numerics.rl import policy_loss
 from numerics.rl import sampler_copy
+from numerics.rl import weight_sync
 from numerics.rl.advantages import group_advantages
 from numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
 from numerics.rl.mismatch import mismatch_kl
