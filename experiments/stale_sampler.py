@@ -19,6 +19,12 @@ Correction arms: ``is_method=token_tis`` (w = min(pi / mu, C) on an on-policy ra
 as on-policy), ``none`` with ``ratio_against=sampler`` (PPO clip against the recorded
 log-probs), ``masked_is``/``icepop``/``sequence_tis``.
 
+The loop is shared with :mod:`experiments.fair_cast` and :mod:`experiments.mxfp8_rl`
+through config hooks (``learner_model``, ``sampler_model``, ``optimizer``,
+``exporter``, ``initial_master``, ``loss_params``, ``sync_monitor``), and checkpoints
+with orbax every ``checkpoint_every`` updates (``--resume`` continues bit for bit:
+problems, sampling keys and the export's random bits are functions of (seed, update)).
+
 Harness checks (Pan, "Probe the Harness") run at every update and raise on failure:
 the loss receives the sampler's recorded log-probs where the method names them; every
 batch is drawn from ``(seed, update)`` and none repeats; the loss normaliser is the one
@@ -33,7 +39,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +50,11 @@ from absl import app, flags, logging
 from experiments.common import arithmetic_task as task
 from experiments.common import log_filters
 from experiments.common import run_metadata
+from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field, config_from_flags, define_flags
 from experiments.common.results import finish_run
 from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.train_loop import restore_or_initialize
 from experiments.common.tensorboard_writer import MetricWriter
 from models import sampling
 from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general, next_token_loss
@@ -100,12 +108,16 @@ class StaleSamplerConfig:
   log_every: int = config_field(1, "Write metrics every N updates.")
   eval_every: int = config_field(8, "Greedy accuracy on held-out problems every N.")
   eval_problems: int = config_field(256, "Held-out problems per evaluation.")
+  checkpoint_every: int = config_field(0, "Checkpoint every N updates and at the end "
+                                       "(0: never).")
 
   def __post_init__(self):
     for name in ("num_updates", "prompts_per_update", "refresh_interval", "eval_problems",
                  "pretrain_batch", "log_every", "eval_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.checkpoint_every < 0:
+      raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
     if self.group_size < 2:
       raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
     if self.pretrain_steps < 0:
@@ -120,6 +132,66 @@ class StaleSamplerConfig:
   def sampler_kwargs(self) -> dict[str, Any]:
     return dict(temperature=self.sampler_temperature, top_k=self.sampler_top_k,
                 top_p=self.sampler_top_p)
+
+  # Hooks: subclasses (fair_cast, mxfp8_rl) override these; the loop calls nothing else.
+
+  def learner_model(self) -> DecoderLM:
+    """The model the learner trains and evaluates (float32 GEMMs)."""
+    return make_model(self)
+
+  def sampler_model(self) -> DecoderLM:
+    """The model the sampler runs on its served weights (upcast to float32 first)."""
+    return make_model(self)
+
+  def optimizer(self) -> optax.GradientTransformation:
+    return optax.adam(self.learning_rate)
+
+  def exporter(self) -> "Exporter":
+    """How a sync turns the learner's weights into the sampler's served copy."""
+    return cast_exporter(self.sampler_dtype)
+
+  def initial_master(self, params: Any) -> Any:
+    """The learner's weights at update 0, from the warm start's."""
+    return params
+
+  def loss_params(self, master: Any, served: Any) -> Any:
+    """The weights the policy loss is computed on (gradients reach ``master``)."""
+    del served
+    return master
+
+  def sync_monitor(self) -> "SyncMonitor | None":
+    """Host-side checks and metrics run at every sync (None: nothing beyond the loop's)."""
+    return None
+
+
+class Exporter(NamedTuple):
+  """Learner weights -> served copy at a sync.
+
+  ``init(master) -> state`` (a pytree of arrays, checkpointed with the run);
+  ``export(master, state, key) -> (served, state)``, jit-compatible, with ``key`` a
+  function of (seed, update) so a resumed run exports the same bits.
+  """
+
+  init: Callable[[Any], Any]
+  export: Callable[[Any, Any, jax.Array], tuple[Any, Any]]
+
+
+def cast_exporter(dtype: Any) -> Exporter:
+  """A stateless export that casts every floating leaf to ``dtype`` (nearest even)."""
+  cast = sampler_copy.cast_export(dtype)
+  return Exporter(init=lambda master: (),
+                  export=lambda master, state, key: (cast(master), state))
+
+
+class SyncMonitor(NamedTuple):
+  """Host-side work at every sync, e.g. weight-sync checks that raise on failure.
+
+  ``on_sync(update, master, previous, current) -> {tag: float}``: ``previous`` is the
+  sampler copy before the sync (None at the first), ``current`` after it. Its state
+  lives on the host and restarts when a run is resumed.
+  """
+
+  on_sync: Callable[[int, Any, Any, Any], dict[str, float]]
 
 
 def make_model(config: StaleSamplerConfig) -> DecoderLM:
@@ -199,30 +271,50 @@ def batch_fingerprint(prompts: np.ndarray) -> str:
   return hashlib.sha1(np.ascontiguousarray(prompts).tobytes()).hexdigest()[:16]
 
 
-def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions) -> dict[str, Any]:
-  """Runs the warm start and the RL updates; returns the run's summary."""
-  options = resolve_run_options(options, EXPERIMENT)
+def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions, *,
+                       experiment: str = EXPERIMENT) -> dict[str, Any]:
+  """Runs the warm start and the RL updates; returns the run's summary.
+
+  ``experiment`` names the run (its default workdir, metadata and results row) for the
+  experiments that reuse this loop through the config hooks.
+  """
+  options = resolve_run_options(options, experiment)
   t0 = time.time()
-  model = make_model(config)
+  model = config.learner_model()
   apply = lambda prm, t, k: model.apply({"params": prm}, t, k)
-  params, warm_info = warm_start(config, model)
-  export = sampler_copy.cast_export(config.sampler_dtype)
-  sampler = sampler_copy.initial_copy(params, export)
-  optimizer = optax.adam(config.learning_rate)
-  opt_state = optimizer.init(params)
+  sampler_net = config.sampler_model()
+  sampler_apply = lambda prm, t, k: sampler_net.apply(
+      {"params": jax.tree.map(lambda x: x.astype(jnp.float32), prm)}, t, k)
+  warm, warm_info = warm_start(config, make_model(config))
+  exporter = config.exporter()
+  monitor = config.sync_monitor()
+  optimizer = config.optimizer()
   prompt_len = task.prompt_length(config.digits)
   num_new = task.answer_length(config.digits)
-  sampler_apply = lambda prm, t, k: apply(
-      jax.tree.map(lambda x: x.astype(jnp.float32), prm), t, k)
+  key = jax.random.PRNGKey(config.seed)
+  export_key = jax.random.fold_in(key, 1 << 30)  # the export's bits, apart from sampling's
+  export_fn = jax.jit(exporter.export)
+
+  def fresh() -> Snapshot:
+    master = config.initial_master(warm)
+    export_state = exporter.init(master)
+    served, export_state = export_fn(master, export_state,
+                                     jax.random.fold_in(export_key, 0))
+    state = {"params": master, "opt_state": optimizer.init(master),
+             "sampler": sampler_copy.SamplerCopy(served, jnp.zeros((), jnp.int32),
+                                                 jnp.ones((), jnp.int32)),
+             "export_state": export_state,
+             "rewards": jnp.zeros((config.num_updates,), jnp.float32)}
+    return Snapshot(state, key, 0, 0)
 
   @jax.jit
   def draw(sampler_params, prompts, key):
     return sampling.sample(sampler_apply, sampler_params, prompts, num_new, key,
                            **config.sampler_kwargs)
 
-  def loss_fn(p, tokens, behaviour_logp, adv, mask):
-    learner_logp = sampling.sequence_log_probs(apply, p, tokens, prompt_len,
-                                               jax.random.PRNGKey(0))
+  def loss_fn(p, tokens, behaviour_logp, adv, mask, served):
+    learner_logp = sampling.sequence_log_probs(apply, config.loss_params(p, served),
+                                               tokens, prompt_len, jax.random.PRNGKey(0))
     proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
                 else None)
     loss, metrics = policy_loss.grpo_loss(
@@ -233,30 +325,48 @@ def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions) -> dict[
     return loss, metrics
 
   @jax.jit
-  def update(p, opt_state, tokens, behaviour_logp, adv, mask):
+  def update(p, opt_state, tokens, behaviour_logp, adv, mask, served):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        p, tokens, behaviour_logp, adv, mask)
+        p, tokens, behaviour_logp, adv, mask, served)
     updates, opt_state = optimizer.update(grads, opt_state, p)
     metrics["grad_norm"] = optax.tree.norm(grads)
     return optax.apply_updates(p, updates), opt_state, metrics
 
+  checkpointer = (Checkpointer(os.path.join(os.path.abspath(options.workdir), "checkpoints"))
+                  if config.checkpoint_every else None)
+  start = restore_or_initialize(checkpointer, options.resume, fresh)
+  state = start.state
+  params, opt_state, sampler = state["params"], state["opt_state"], state["sampler"]
+  export_state, rewards = state["export_state"], np.array(state["rewards"])
   writer = MetricWriter(options.workdir)
-  run_metadata.write_run_metadata(options.workdir, config, options,
-                                  {"experiment": EXPERIMENT, "warm_start": warm_info})
-  writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
-  writer.write_scalars(0, {f"eval/{k}": v for k, v in
-                           greedy_accuracy(model, params, config, 1).items()})
-  seen: set[str] = set()
-  rewards_log, final = [], {}
-  key = jax.random.PRNGKey(config.seed)
-  for step in range(config.num_updates):
-    sampler = sampler_copy.maybe_refresh(sampler, params, step, config.refresh_interval,
-                                         export)
+  if start.step == 0:
+    run_metadata.write_run_metadata(options.workdir, config, options,
+                                    {"experiment": experiment, "warm_start": warm_info})
+    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+    writer.write_scalars(0, {f"eval/{k}": v for k, v in
+                             greedy_accuracy(model, params, config, 1).items()})
+    if monitor is not None:
+      writer.write_scalars(0, monitor.on_sync(0, params, None, sampler))
+  # Harness check: the batch queue never repeats a batch (rebuilt for a resumed run).
+  seen = {_update_fingerprint(config, u) for u in range(start.step)}
+  final: dict[str, float] = {}
+  completed, done = True, start.step
+  for step in range(start.step, config.num_updates):
+    t_update = time.perf_counter()
+    if step > 0 and bool(sampler_copy.refresh_due(step, config.refresh_interval)):
+      served, export_state = export_fn(params, export_state,
+                                       jax.random.fold_in(export_key, step))
+      previous, sampler = sampler, sampler_copy.SamplerCopy(
+          served, jnp.asarray(step, jnp.int32), sampler.syncs + 1)
+      sync_metrics = ({} if monitor is None
+                      else monitor.on_sync(step, params, previous, sampler))
+    else:
+      sync_metrics = {}
     batch = task.grouped_prompts(seed=config.seed, position=step,
                                  num_prompts=config.prompts_per_update,
                                  group_size=config.group_size, digits=config.digits)
     fingerprint = batch_fingerprint(batch["prompts"][::config.group_size])
-    if fingerprint in seen:  # harness check: the batch queue never repeats a batch
+    if fingerprint in seen:
       raise RuntimeError(f"update {step}: batch {fingerprint} was already used")
     seen.add(fingerprint)
     samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
@@ -265,19 +375,22 @@ def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions) -> dict[
     reward = task.rewards(completions, batch["answers"])
     mask = task.completion_mask(completions)
     adv = advantages_lib.group_advantages(jnp.asarray(reward), config.group_size)
-    if step == 0:
-      check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
-                    prompt_len)
+    if step == start.step:
+      check_harness(config, apply, sampler_apply, params, sampler, samples, adv, mask,
+                    loss_fn, prompt_len)
     params, opt_state, metrics = update(params, opt_state, samples.tokens, samples.logp,
-                                        adv, jnp.asarray(mask))
-    rewards_log.append(float(reward.mean()))
+                                        adv, jnp.asarray(mask), sampler.params)
+    metrics = jax.device_get(metrics)  # blocks: the update time below is complete
+    update_s = time.perf_counter() - t_update
+    rewards[step] = float(reward.mean())
     if (step + 1) % config.log_every == 0 or step + 1 == config.num_updates:
-      scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+      scalars = {f"train/{k}": float(v) for k, v in metrics.items()}
       scalars.update({"train/reward": float(reward.mean()),
                       "rl/staleness": int(sampler_copy.staleness(sampler, step)),
                       "rl/cycle_step": step % config.refresh_interval,
                       "rl/sampler_version": int(sampler.version),
-                      "rl/refreshed": float(step % config.refresh_interval == 0)})
+                      "rl/refreshed": float(step % config.refresh_interval == 0),
+                      "perf/update_s": update_s, **sync_metrics})
       writer.write_scalars(step + 1, scalars)
       final = scalars
     if (step + 1) % config.eval_every == 0 or step + 1 == config.num_updates:
@@ -286,24 +399,44 @@ def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions) -> dict[
       final.update({f"eval/{k}": v for k, v in ev.items()})
       logging.info("update %d: reward %.3f greedy %.3f is_mean %.3f", step + 1,
                    reward.mean(), ev["greedy_accuracy"], final.get("train/is_mean", 0))
+    done = step + 1
+    last_one = done == config.num_updates
+    stop = done == options.stop_at_step and not last_one
+    if checkpointer is not None and (done % config.checkpoint_every == 0 or last_one
+                                     or stop):
+      checkpointer.save(Snapshot(
+          {"params": params, "opt_state": opt_state, "sampler": sampler,
+           "export_state": export_state, "rewards": jnp.asarray(rewards)},
+          start.rng, done, done))
+    if stop:
+      logging.info("stopping after update %d (--stop_at_step)", done)
+      completed = False
+      break
+  if checkpointer is not None:
+    checkpointer.close()
   last = max(1, config.num_updates // 4)
-  metrics_out = {**final, "reward/mean_over_training": float(np.mean(rewards_log)),
-                 "reward/last_quarter": float(np.mean(rewards_log[-last:])),
+  metrics_out = {**final, "reward/mean_over_training": float(np.mean(rewards[:done])),
+                 "reward/last_quarter": float(np.mean(rewards[done - last:done])),
                  "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
-  summary = {"experiment": EXPERIMENT, "run_name": options.run_name,
-             "workdir": options.workdir, "completed": True, "step": config.num_updates,
+  summary = {"experiment": experiment, "run_name": options.run_name,
+             "workdir": options.workdir, "completed": completed, "step": done,
              "config": dataclasses.asdict(config), "metrics": metrics_out,
              "first_batch": batch_fingerprint(task.problems(
                  seed=config.seed, position=0, batch_size=config.prompts_per_update,
                  digits=config.digits)["prompts"]),
              "wall_s": time.time() - t0, "git": run_metadata.git_state()}
-  finish_run(writer, options.results_file, summary, completed=True,
-             step=config.num_updates)
+  finish_run(writer, options.results_file, summary, completed=completed, step=done)
   return summary
 
 
-def check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
-                  prompt_len) -> None:
+def _update_fingerprint(config: StaleSamplerConfig, update: int) -> str:
+  return batch_fingerprint(task.problems(seed=config.seed, position=update,
+                                         batch_size=config.prompts_per_update,
+                                         digits=config.digits)["prompts"])
+
+
+def check_harness(config, apply, sampler_apply, params, sampler, samples, adv, mask,
+                  loss_fn, prompt_len) -> None:
   """Pan's harness checks on the first update; raise on a violation.
 
   1. The behaviour log-probs the loss receives are the sampler's own: recomputing them
@@ -313,8 +446,7 @@ def check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
   2. The loss normaliser is the configured one: the loss equals an independent
      reduction of the per-token objective.
   """
-  sampler_params = jax.tree.map(lambda x: x.astype(jnp.float32), sampler.params)
-  recomputed = sampling.sequence_log_probs(apply, sampler_params, samples.tokens,
+  recomputed = sampling.sequence_log_probs(sampler_apply, sampler.params, samples.tokens,
                                            prompt_len, jax.random.PRNGKey(0),
                                            **config.sampler_kwargs)
   m = jnp.asarray(mask)
@@ -323,8 +455,8 @@ def check_harness(config, apply, params, sampler, samples, adv, mask, loss_fn,
     raise RuntimeError(f"recorded behaviour log-probs differ from the sampler's by {gap}")
   learner = sampling.sequence_log_probs(apply, params, samples.tokens, prompt_len,
                                         jax.random.PRNGKey(0))
-  loss_b, _ = loss_fn(params, samples.tokens, samples.logp, adv, m)
-  loss_l, _ = loss_fn(params, samples.tokens, learner, adv, m)
+  loss_b, _ = loss_fn(params, samples.tokens, samples.logp, adv, m, sampler.params)
+  loss_l, _ = loss_fn(params, samples.tokens, learner, adv, m, sampler.params)
   uses_behaviour = config.is_method != "none" or config.ratio_against == "sampler"
   mismatch = float(jnp.max(jnp.abs(learner - samples.logp) * m)) > 1e-3
   if (uses_behaviour and mismatch and bool(jnp.any(adv != 0))

@@ -151,22 +151,26 @@ def degradation_table(sweep_dir: str) -> str:
            f"the warm start's and stays below for {PERSIST} evaluations (it has become "
            "worse than the policy it began from); the update is given as *cycle c, step "
            "s of K* (cycle 0 runs on the initial sampler copy, and step K is the last "
-           "update before the next refresh). Mean ± sample std over seeds.", "",
+           "update before the next refresh). *Ends degraded*: the final evaluation is "
+           "below that line too (a dip the run recovered from does not count). Mean ± "
+           "sample std over seeds.", "",
            "| arm | K | seeds | reward, mean over training | reward, last quarter | "
-           "final greedy accuracy | degraded | where (per seed) |",
-           "|---|---|---|---|---|---|---|---|"]
+           "final greedy accuracy | degraded | ends degraded | where (per seed) |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for arm in [a["name"] for a in info["arms"]]:
     k = _interval(info, arm)
     seeds = runs.get(arm, {})
     if not seeds:
-      lines.append(f"| `{arm}` | {k} | 0 | | | | | |")
+      lines.append(f"| `{arm}` | {k} | 0 | | | | | | |")
       continue
-    means, lasts, greedy, where, n_bad = [], [], [], [], 0
+    means, lasts, greedy, where, n_bad, n_end = [], [], [], [], 0, 0
     for seed in sorted(seeds):
       r = [v for _, v in seeds[seed]["train/reward"]]
       means.append(float(np.mean(r)))
       lasts.append(float(np.mean(r[-max(1, len(r) // 4):])))
-      greedy.append(seeds[seed]["eval/greedy_accuracy"][-1][1])
+      accuracy = seeds[seed]["eval/greedy_accuracy"]
+      greedy.append(accuracy[-1][1])
+      n_end += accuracy[-1][1] < accuracy[0][1] - DROP
       t = degradation_update(seeds[seed]["eval/greedy_accuracy"])
       if t is None:
         where.append(f"seed {seed}: no")
@@ -175,7 +179,8 @@ def degradation_table(sweep_dir: str) -> str:
         where.append(f"seed {seed}: update {t} (cycle {(t - 1) // k}, step "
                      f"{(t - 1) % k + 1} of {k})")
     lines.append(f"| `{arm}` | {k} | {len(seeds)} | {_spread(means)} | {_spread(lasts)} | "
-                 f"{_spread(greedy)} | {n_bad}/{len(seeds)} | {'; '.join(where)} |")
+                 f"{_spread(greedy)} | {n_bad}/{len(seeds)} | {n_end}/{len(seeds)} | "
+                 f"{'; '.join(where)} |")
   return "\n".join(lines) + "\n"
 
 

@@ -99,10 +99,15 @@ def _key_name(k: Any) -> str:
   return str(k)
 
 
+def path_name(path: Sequence[Any]) -> str:
+  """The ``'/'``-joined name of a pytree key path (``block_0/qkv/kernel``)."""
+  return "/".join(_key_name(k) for k in path)
+
+
 def param_paths(tree: Any) -> dict[str, Any]:
   """``{'/'-joined path: leaf}`` of a params pytree, in flattening order."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+  return {path_name(path): leaf for path, leaf in leaves}
 
 
 def _listed(items: Sequence[Any]) -> str:

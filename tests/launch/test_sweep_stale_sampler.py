@@ -86,9 +86,9 @@ def test_appendix_on_planted_runs(tmp_path):
   assert len(table) == 2
   tis = next(l for l in table if l.startswith("| `tis_K8`"))
   none = next(l for l in table if l.startswith("| `none_K16`"))
-  assert "| 0/2 |" in tis and "seed 0: no; seed 1: no" in tis
+  assert "| 0/2 | 0/2 |" in tis and "seed 0: no; seed 1: no" in tis
   # Degrades at the evaluation after update 16: the last update of cycle 0 of K = 16.
-  assert "| 2/2 |" in none and "seed 0: update 16 (cycle 0, step 16 of 16)" in none
+  assert "| 2/2 | 2/2 |" in none and "seed 0: update 16 (cycle 0, step 16 of 16)" in none
   assert "0.300 ± 0.000" in tis  # reward mean over training
   # Cycle table: k3 is 0.01 * cycle_step (+0.1 for seed 1): quarters of K = 8 hold
   # cycle steps {0,1}, {2,3}, ...; mean over seeds adds 0.05.
