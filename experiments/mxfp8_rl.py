@@ -67,6 +67,11 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
       "", "The bf16 list as the sampler resolves it (empty: keep_bf16); a different "
       "list is the fused-name failure the layer-plan check catches.")
   probe_problems: int = config_field(16, "Problems in the fixed parity probe batch.")
+  cross_k3_tolerance: float = config_field(
+      0.05, "Parity check: largest probe k3 between different recipes (NeMo-RL's MXFP8 "
+      "gate on the generation KL error).")
+  cross_max_dlogp_tolerance: float = config_field(
+      2.0, "Parity check: largest probe max |delta logp| between different recipes.")
 
   def __post_init__(self):
     super().__post_init__()
@@ -77,6 +82,8 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
         raise ValueError(f"{name} must be one of {RECIPES}, got {getattr(self, name)!r}")
     if (self.learner_recipe, self.sampler_recipe) not in weight_sync.PARITY_TOLERANCES:
       raise ValueError(f"no parity tolerance for {self.pair}")
+    if not (self.cross_k3_tolerance > 0 and self.cross_max_dlogp_tolerance > 0):
+      raise ValueError("parity tolerances must be > 0")
     if self.probe_problems < 1:
       raise ValueError(f"probe_problems must be >= 1, got {self.probe_problems}")
     if task.prompt_length(self.digits) + task.answer_length(self.digits) > MAX_LEN:
@@ -85,6 +92,19 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
   @property
   def pair(self) -> tuple[str, str]:
     return (self.learner_recipe, self.sampler_recipe)
+
+  @property
+  def parity_tolerances(self) -> dict[tuple[str, str], weight_sync.Tolerance]:
+    """weight_sync's table with this run's cross-recipe tolerances.
+
+    Its cross-recipe entries were measured on a random-init model; on the trained
+    warm start, bf16 learner / mxfp8 sampler probe log-probs differ by up to k3 0.0024
+    and max |delta logp| 0.83 within 24 updates (measured), so the cross pairs use the
+    looser gate here. Same-recipe pairs stay exact: any drift there is a sync bug.
+    """
+    cross = weight_sync.Tolerance(self.cross_k3_tolerance, self.cross_max_dlogp_tolerance)
+    return {pair: (tol if pair[0] == pair[1] else cross)
+            for pair, tol in weight_sync.PARITY_TOLERANCES.items()}
 
   def _model(self, recipe: str) -> DecoderLM:
     return DecoderLM(TransformerConfig(
@@ -165,7 +185,8 @@ class SyncChecks:
         learner_plan=c.served_plan(master), served_plan=c.served_plan(master, sampler_keep),
         expected_dtypes=SERVED_DTYPES, learner_logp_fn=self.learner_logp,
         sampler_logp_fn=self.sampler_logp, mask=self.mask, pair=c.pair,
-        logits_fn=self.logits, probe_tokens=self.tokens[:, :-1])
+        logits_fn=self.logits, probe_tokens=self.tokens[:, :-1],
+        tolerances=c.parity_tolerances)
 
 
 def train_and_evaluate(config: MXFP8RLConfig, options: RunOptions) -> dict[str, Any]:

@@ -445,16 +445,24 @@ def check_harness(config, apply, sampler_apply, params, sampler, samples, adv, m
      used) unless the method takes no behaviour term at all.
   2. The loss normaliser is the configured one: the loss equals an independent
      reduction of the per-token objective.
+
+  Every recomputation is jitted like the sampler and the update are: XLA:CPU's
+  op-by-op (eager) kernels differ from its fused ones by float32 ulps, which a bf16 or
+  MXFP8 cast downstream can turn into log-prob differences of 0.1-1 (measured on the
+  mxfp8 sampler of :mod:`experiments.mxfp8_rl`; 4e-7 between jitted programs).
   """
-  recomputed = sampling.sequence_log_probs(sampler_apply, sampler.params, samples.tokens,
-                                           prompt_len, jax.random.PRNGKey(0),
-                                           **config.sampler_kwargs)
+  key = jax.random.PRNGKey(0)
+  recomputed = jax.jit(lambda prm, t: sampling.sequence_log_probs(
+      sampler_apply, prm, t, prompt_len, key, **config.sampler_kwargs))(
+          sampler.params, samples.tokens)
   m = jnp.asarray(mask)
   gap = float(jnp.max(jnp.abs(recomputed - samples.logp) * m))
   if gap > 1e-4:
     raise RuntimeError(f"recorded behaviour log-probs differ from the sampler's by {gap}")
-  learner = sampling.sequence_log_probs(apply, params, samples.tokens, prompt_len,
-                                        jax.random.PRNGKey(0))
+  learner = jax.jit(lambda prm, t: sampling.sequence_log_probs(
+      apply, config.loss_params(prm, sampler.params), t, prompt_len, key))(
+          params, samples.tokens)
+  loss_fn = jax.jit(loss_fn)
   loss_b, _ = loss_fn(params, samples.tokens, samples.logp, adv, m, sampler.params)
   loss_l, _ = loss_fn(params, samples.tokens, learner, adv, m, sampler.params)
   uses_behaviour = config.is_method != "none" or config.ratio_against == "sampler"

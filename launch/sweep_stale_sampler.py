@@ -115,8 +115,10 @@ def _interval(info: dict[str, Any], arm: str) -> int:
   return int(overrides.get("refresh_interval", info["base"]["refresh_interval"]))
 
 
-def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, list]]]]:
-  """Sweep info and ``arm -> seed -> tag -> [(update, value)]`` of completed runs."""
+def completed_runs(sweep_dir: str
+                   ) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, list]]]]:
+  """Sweep info and ``arm -> seed -> tag -> [(update, value)]`` of the completed runs
+  (those that logged ``train/reward`` for every update) of a sweep over the RL loop."""
   from experiments.common.tensorboard_reader import read_scalars  # pylint: disable=import-outside-toplevel
   from launch.sweep_spec import read_manifest, read_sweep_info  # pylint: disable=import-outside-toplevel
   info = read_sweep_info(sweep_dir)
@@ -130,7 +132,8 @@ def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str,
   return info, runs
 
 
-def _spread(xs: Sequence[float], digits: int = 3) -> str:
+def spread(xs: Sequence[float], digits: int = 3) -> str:
+  """``mean ± sample std`` (just the value for one, empty for none)."""
   if not xs:
     return ""
   if len(xs) == 1:
@@ -140,7 +143,7 @@ def _spread(xs: Sequence[float], digits: int = 3) -> str:
 
 def degradation_table(sweep_dir: str) -> str:
   """Markdown: per arm, reward over training / at the end, and when each seed degraded."""
-  info, runs = _runs(sweep_dir)
+  info, runs = completed_runs(sweep_dir)
   lines = ["", "## Does the run degrade, and when?", "",
            "*Reward* is the mean exact-match reward of the sampled groups at each update "
            "(the sampler's policy, so it is flat within a cycle and jumps at a refresh). "
@@ -178,8 +181,8 @@ def degradation_table(sweep_dir: str) -> str:
         n_bad += 1
         where.append(f"seed {seed}: update {t} (cycle {(t - 1) // k}, step "
                      f"{(t - 1) % k + 1} of {k})")
-    lines.append(f"| `{arm}` | {k} | {len(seeds)} | {_spread(means)} | {_spread(lasts)} | "
-                 f"{_spread(greedy)} | {n_bad}/{len(seeds)} | {n_end}/{len(seeds)} | "
+    lines.append(f"| `{arm}` | {k} | {len(seeds)} | {spread(means)} | {spread(lasts)} | "
+                 f"{spread(greedy)} | {n_bad}/{len(seeds)} | {n_end}/{len(seeds)} | "
                  f"{'; '.join(where)} |")
   return "\n".join(lines) + "\n"
 
@@ -190,7 +193,7 @@ def cycle_table(sweep_dir: str, bins: int = 4) -> str:
   For each arm the cycle ``[0, K)`` is cut into ``bins`` equal parts; each cell is the
   mean over every update in that part of every cycle, then mean ± std over seeds.
   """
-  info, runs = _runs(sweep_dir)
+  info, runs = completed_runs(sweep_dir)
   header = " | ".join(f"{i * 100 // bins}–{(i + 1) * 100 // bins}%" for i in range(bins))
   out = ["", "## Within a refresh cycle", "",
          f"Each cell: the statistic averaged over the updates in that fraction of every "
@@ -217,7 +220,7 @@ def cycle_table(sweep_dir: str, bins: int = 4) -> str:
                   if b * k <= ((step - 1) % k) * bins < (b + 1) * k]
           if vals:
             per_seed.append(float(np.mean(vals)))
-        cells.append(_spread(per_seed))
+        cells.append(spread(per_seed))
       out.append(f"| `{arm}` | {k} | " + " | ".join(cells) + " |")
     out.append("")
   return "\n".join(out)
@@ -227,7 +230,7 @@ def reward_plots(sweep_dir: str) -> str:
   """Markdown linking, per refresh interval K, the greedy accuracy, sampled reward and
   mismatch of every arm with that K against update, with the refresh points marked."""
   from launch.curve_plots import plot_curves  # pylint: disable=import-outside-toplevel
-  info, runs = _runs(sweep_dir)
+  info, runs = completed_runs(sweep_dir)
   n = int(info["base"]["num_updates"])
   by_k: dict[int, dict[str, bool]] = collections.defaultdict(dict)
   for arm in [a["name"] for a in info["arms"]]:

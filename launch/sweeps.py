@@ -64,6 +64,18 @@ def alto() -> Sweep:
   return sweep_alto.alto()
 
 
+def fair_cast() -> Sweep:
+  """Fair Cast: bf16 export rounding of float32 masters (launch/sweep_fair_cast.py)."""
+  from launch import sweep_fair_cast  # pylint: disable=import-outside-toplevel
+  return sweep_fair_cast.fair_cast()
+
+
+def mxfp8_rl() -> Sweep:
+  """Learner x sampler recipe in {bf16, mxfp8}^2 (launch/sweep_mxfp8_rl.py)."""
+  from launch import sweep_mxfp8_rl  # pylint: disable=import-outside-toplevel
+  return sweep_mxfp8_rl.mxfp8_rl()
+
+
 def stale_sampler() -> Sweep:
   """Pan's staleness cliff and decoupled cooling (declared in launch/sweep_stale_sampler.py)."""
   from launch import sweep_stale_sampler  # pylint: disable=import-outside-toplevel
@@ -72,8 +84,10 @@ def stale_sampler() -> Sweep:
 
 _REGISTRY: dict[str, Callable[[], Sweep]] = {
     "alto": alto,
+    "fair_cast": fair_cast,
     "lm_recipes": lm_recipes,
     "lm_builtin_recipes": lm_builtin_recipes,
+    "mxfp8_rl": mxfp8_rl,
     "stale_sampler": stale_sampler,
     "temperon": temperon,
     "memoir": memoir,
