@@ -24,6 +24,9 @@ from launch.ablation_stats import paired_difference, summarize
 from launch.curve_plots import plot_curves
 from launch.sweep_spec import read_manifest, read_sweep_info
 
+# A hand-written reading of the results, kept in the sweep dir and appended to the report.
+FINDINGS = "FINDINGS.md"
+
 
 def _fmt(x: float, digits: int = 4) -> str:
   return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
@@ -34,7 +37,11 @@ def _slug(tag: str) -> str:
 
 
 def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
-  """Writes ``<sweep_dir>/REPORT.md`` and ``<sweep_dir>/plots/*.png``; returns the report path."""
+  """Writes ``<sweep_dir>/REPORT.md`` and ``<sweep_dir>/plots/*.png``; returns the report path.
+
+  The sweep's appendix (if declared) follows the generated sections, then the contents
+  of ``<sweep_dir>/FINDINGS.md`` (if present), so a rebuild keeps the hand-written reading.
+  """
   sweep_dir = os.path.abspath(sweep_dir)
   info = read_sweep_info(sweep_dir)
   manifest = read_manifest(sweep_dir)
@@ -147,6 +154,10 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   if info.get("appendix"):
     module, function = info["appendix"].split(":")
     lines += [getattr(importlib.import_module(module), function)(sweep_dir)]
+  findings = os.path.join(sweep_dir, FINDINGS)
+  if os.path.exists(findings):  # hand-written reading of the results survives rebuilds
+    with open(findings) as f:
+      lines += ["", f.read().rstrip("\n"), ""]
   path = os.path.join(sweep_dir, "REPORT.md")
   with open(path, "w") as f:
     f.write("\n".join(lines))

@@ -71,3 +71,8 @@ def test_report_from_synthetic_sweep(tmp_path):
     png = tmp_path / "plots" / f"{tag}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"](plots/{tag}.png)" in text
+  # A hand-written FINDINGS.md in the sweep dir is appended and survives a rebuild.
+  (tmp_path / "FINDINGS.md").write_text("## Findings\n\nlow is worse.\n")
+  text = open(build_report(str(tmp_path))).read()
+  assert text.rstrip().endswith("## Findings\n\nlow is worse.")
+  assert text.count("## Findings") == 1
