@@ -29,13 +29,14 @@ Logged at every sync, under ``export/``:
 * ``master_step_rms``: root-mean-square master change per update (to compare Adam
   and SGD with momentum at the learning rates swept).
 
-The per-update wall time is ``perf/update_s`` (export, sampling and the update).
+The per-update wall time is ``perf/update_s``: the export, this monitor's metrics (the
+same work for every export rounding; the lag k* only every ``lag_every`` updates),
+sampling and the update.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import jax
@@ -45,9 +46,8 @@ import optax
 from absl import app
 
 from experiments import stale_sampler
-from experiments.common import log_filters
-from experiments.common.config_flags import config_field, config_from_flags, define_flags
-from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.config_flags import config_field, define_flags
+from experiments.common.run_options import RunOptions
 from numerics import export as export_lib
 from numerics.rl import weight_sync
 
@@ -182,19 +182,10 @@ class ExportMonitor:
 
 def train_and_evaluate(config: FairCastConfig, options: RunOptions) -> dict[str, Any]:
   """One fair_cast run (the stale_sampler loop under this experiment's name)."""
-  return stale_sampler.train_and_evaluate(config, resolve_run_options(options, EXPERIMENT),
-                                          experiment=EXPERIMENT)
+  return stale_sampler.train_and_evaluate(config, options, experiment=EXPERIMENT)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  log_filters.quiet_library_info()
-  config = config_from_flags(FairCastConfig)
-  options = resolve_run_options(config_from_flags(RunOptions), EXPERIMENT)
-  summary = train_and_evaluate(config, options)
-  print(json.dumps(summary["metrics"], indent=1, sort_keys=True))
-  print(f"TensorBoard events: {summary['workdir']}")
+main = stale_sampler.main_for(FairCastConfig, EXPERIMENT)
 
 
 if __name__ == "__main__":

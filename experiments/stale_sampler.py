@@ -486,15 +486,23 @@ def check_harness(config, apply, sampler_apply, params, sampler, samples, adv, m
                          f"normalised objective {float(expected)}")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  log_filters.quiet_library_info()
-  config = config_from_flags(StaleSamplerConfig)
-  options = resolve_run_options(config_from_flags(RunOptions), EXPERIMENT)
-  summary = train_and_evaluate(config, options)
-  print(json.dumps(summary["metrics"], indent=1, sort_keys=True))
-  print(f"TensorBoard events: {summary['workdir']}")
+def main_for(config_cls: type, experiment: str) -> Callable[[list[str]], None]:
+  """The absl ``main`` of an experiment on this loop (its config class and name)."""
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    log_filters.quiet_library_info()
+    config = config_from_flags(config_cls)
+    options = resolve_run_options(config_from_flags(RunOptions), experiment)
+    summary = train_and_evaluate(config, options, experiment=experiment)
+    print(json.dumps(summary["metrics"], indent=1, sort_keys=True))
+    print(f"TensorBoard events: {summary['workdir']}")
+
+  return main
+
+
+main = main_for(StaleSamplerConfig, EXPERIMENT)
 
 
 if __name__ == "__main__":

@@ -564,7 +564,7 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
                     tolerances: Mapping[tuple[str, str], Tolerance] = PARITY_TOLERANCES,
                     mx_formats: Mapping[str, tuple[str, str]] = MX_SERVED_FORMATS,
                     mx_axis: int = -2, multiple: int = MX_BLOCK, pad_id: int = 0,
-                    prefix: str = "sync/") -> dict[str, float]:
+                    padding_atol: float = 0.0, prefix: str = "sync/") -> dict[str, float]:
   """All seven checks for one sync, in order; the merged metrics, ``prefix``-named.
 
   Args:
@@ -581,6 +581,8 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
       the probe tokens, for the padding check on the served copy.
     mx_formats: served recipes that are MX -> (element format, scale rule); their
       leaves get :func:`check_mx_scales` along ``mx_axis`` (``-1`` for 1-D leaves).
+    padding_atol: the padding check's tolerance (a padded sequence is a different
+      program shape, and a backend may accumulate its GEMMs in another order).
 
   Raises:
     WeightSyncError: from the first failing check.
@@ -609,5 +611,5 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
   if tensors:
     m.update({"mx_min_scale_exp": float(lo), "mx_max_scale_exp": float(hi)})
   m.update(check_padding_invariance(logits_fn, served, probe_tokens, multiple=multiple,
-                                    pad_id=pad_id))
+                                    pad_id=pad_id, atol=padding_atol))
   return _prefixed(prefix, m)
