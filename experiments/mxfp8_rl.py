@@ -105,8 +105,8 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
     Its cross-recipe entries were measured on a random-init model; on the trained
     warm start, bf16 learner / mxfp8 sampler probe log-probs differed by k3 0.003 to
     0.054 and max |delta logp| up to 1.6 within 35 updates (measured), so the cross
-    pairs use a looser gate here: it catches gross failures (wrong or long-stale
-    weights), not a few updates of staleness, which is as large as the precision gap.
+    pairs use a looser gate here, meant for gross failures (wrong weights); it cannot
+    catch a few updates of staleness, which is as large as the precision gap.
     Same-recipe pairs stay exact: any difference there is a sync bug.
     """
     cross = weight_sync.Tolerance(self.cross_k3_tolerance, self.cross_max_dlogp_tolerance)
