@@ -421,15 +421,14 @@ def train_and_evaluate(config: StaleSamplerConfig, options: RunOptions, *,
   summary = {"experiment": experiment, "run_name": options.run_name,
              "workdir": options.workdir, "completed": completed, "step": done,
              "config": dataclasses.asdict(config), "metrics": metrics_out,
-             "first_batch": batch_fingerprint(task.problems(
-                 seed=config.seed, position=0, batch_size=config.prompts_per_update,
-                 digits=config.digits)["prompts"]),
+             "first_batch": _update_fingerprint(config, 0),
              "wall_s": time.time() - t0, "git": run_metadata.git_state()}
   finish_run(writer, options.results_file, summary, completed=completed, step=done)
   return summary
 
 
 def _update_fingerprint(config: StaleSamplerConfig, update: int) -> str:
+  """The fingerprint of the problems drawn for ``update`` (one per group)."""
   return batch_fingerprint(task.problems(seed=config.seed, position=update,
                                          batch_size=config.prompts_per_update,
                                          digits=config.digits)["prompts"])

@@ -37,6 +37,18 @@ def summarize(values: Sequence[float]) -> Summary:
   return Summary(float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else math.nan, int(x.size))
 
 
+def format_spread(values: Sequence[float | None], digits: int = 4, scale: float = 1.0, *,
+                  empty: str = "n/a") -> str:
+  """``"mean ± sample std"`` of the finite ``values`` times ``scale`` (just the value
+  for one; ``empty`` for none), for report tables."""
+  xs = [x * scale for x in values if x is not None and math.isfinite(x)]
+  if not xs:
+    return empty
+  if len(xs) == 1:
+    return f"{xs[0]:.{digits}f}"
+  return f"{np.mean(xs):.{digits}f} ± {np.std(xs, ddof=1):.{digits}f}"
+
+
 def paired_difference(arm: Mapping[int, float], baseline: Mapping[int, float],
                       confidence: float = 0.95) -> PairedDifference:
   """Paired ``arm - baseline`` by seed: ``mean ± t_{(1+c)/2, n-1} * sd / sqrt(n)``.

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from launch.ablation_stats import format_spread
 from launch.sweep_spec import Arm, Sweep
 
 SEEDS = (0, 1)
@@ -84,15 +85,6 @@ def value_at(curve: Sequence[tuple[int, float]], step: int) -> float:
   return values[-1] if values else math.nan
 
 
-def _fmt_spread(xs: Sequence[float], digits: int = 4, scale: float = 1.0) -> str:
-  xs = [x * scale for x in xs if x is not None and math.isfinite(x)]
-  if not xs:
-    return "n/a"
-  if len(xs) == 1:
-    return f"{xs[0]:.{digits}f}"
-  return f"{np.mean(xs):.{digits}f} ± {np.std(xs, ddof=1):.{digits}f}"
-
-
 def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
   """Markdown: per arm, final/50%/75% validation loss, gap to bf16 and the overhead."""
   from experiments.common.tensorboard_reader import read_scalars  # pylint: disable=import-outside-toplevel
@@ -144,10 +136,10 @@ def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
     half = [value_at(c, num_steps // 2) for c in runs.values()]
     three_q = [value_at(c, 3 * num_steps // 4) for c in runs.values()]
     lines.append(
-        f"| `{arm}` | {len(runs)} | {_fmt_spread(half)} | {_fmt_spread(three_q)} | "
-        f"{_fmt_spread(list(finals.values()))} | {_fmt_spread(gaps)} | "
-        f"{_fmt_spread(overheads, 1, 100.0)} | {reached}/{len(gaps)} | "
-        f"{_fmt_spread(equivalent, 1, 100.0)} |")
+        f"| `{arm}` | {len(runs)} | {format_spread(half)} | {format_spread(three_q)} | "
+        f"{format_spread(list(finals.values()))} | {format_spread(gaps)} | "
+        f"{format_spread(overheads, 1, 100.0)} | {reached}/{len(gaps)} | "
+        f"{format_spread(equivalent, 1, 100.0)} |")
   return "\n".join(lines) + "\n"
 
 

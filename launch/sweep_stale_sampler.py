@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from launch.ablation_stats import format_spread
 from launch.sweep_spec import Arm, Sweep
 
 SEEDS = (0, 1, 2)
@@ -133,12 +134,9 @@ def completed_runs(sweep_dir: str
 
 
 def spread(xs: Sequence[float], digits: int = 3) -> str:
-  """``mean ± sample std`` (just the value for one, empty for none)."""
-  if not xs:
-    return ""
-  if len(xs) == 1:
-    return f"{xs[0]:.{digits}f}"
-  return f"{np.mean(xs):.{digits}f} ± {np.std(xs, ddof=1):.{digits}f}"
+  """:func:`launch.ablation_stats.format_spread` as the RL tables print it (3 digits,
+  an empty cell for no runs)."""
+  return format_spread(xs, digits, empty="")
 
 
 def degradation_table(sweep_dir: str) -> str:

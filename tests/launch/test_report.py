@@ -9,7 +9,7 @@ from scipy import stats
 from experiments.common.results import append_result
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.lm import LMConfig
-from launch.ablation_stats import paired_difference, summarize
+from launch.ablation_stats import format_spread, paired_difference, summarize
 from launch.report import build_report
 from launch.sweep_spec import Arm, Sweep, expand, write_manifest
 
@@ -42,6 +42,14 @@ def test_summarize():
   assert math.isnan(summarize([1.0]).std)
   with pytest.raises(ValueError):
     summarize([1.0, float("nan")])
+
+
+def test_format_spread():
+  assert format_spread([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00"
+  assert format_spread([5.0], 1) == "5.0"
+  # Non-finite and missing values are left out; scale multiplies before formatting.
+  assert format_spread([1.0, float("nan"), None, 3.0], 1, 100.0) == "200.0 ± 141.4"
+  assert format_spread([]) == "n/a" and format_spread([], empty="") == ""
 
 
 def test_report_from_synthetic_sweep(tmp_path):
