@@ -121,6 +121,11 @@ class FairCastConfig(stale_sampler.StaleSamplerConfig):
     return ExportMonitor(self).monitor()
 
 
+def _squared_distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+  """Sum over tensors of ``||a[n] - b[n]||^2`` (flattened float32 leaves)."""
+  return sum(float(np.sum((a[n] - b[n]) ** 2)) for n in a)
+
+
 class ExportMonitor:
   """Host-side export metrics at every sync (see the module docstring)."""
 
@@ -151,15 +156,13 @@ class ExportMonitor:
     if self.first is None:
       self.first = (m, s)
     m0, s0 = self.first
-    moved = sum(float(np.sum((m[n] - m0[n]) ** 2)) for n in m)
-    shown = sum(float(np.sum((s[n] - s0[n]) ** 2)) for n in s)
+    moved = _squared_distance(m, m0)
     if moved > 0:
-      out["export/visible_displacement"] = float(np.sqrt(shown / moved))
+      out["export/visible_displacement"] = float(np.sqrt(_squared_distance(s, s0) / moved))
     if self.history:
-      last = self.history[-1]
       n_el = sum(v.size for v in m.values())
       out["export/master_step_rms"] = float(np.sqrt(
-          sum(float(np.sum((m[n] - last[n]) ** 2)) for n in m) / n_el))
+          _squared_distance(m, self.history[-1]) / n_el))
     self.history.append(m)
     del self.history[:-(self.config.lag_history + 1)]
     if update % (self.config.lag_every * self.config.refresh_interval) == 0 and update:

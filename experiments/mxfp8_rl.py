@@ -37,6 +37,7 @@ from experiments.common.config_flags import config_field, define_flags
 from experiments.common.run_options import RunOptions
 from models import sampling
 from models.transformer import DecoderLM, TransformerConfig
+from numerics import tree_paths
 from numerics.rl import weight_sync
 
 EXPERIMENT = "mxfp8_rl"
@@ -141,7 +142,7 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
     plan = self.served_plan(params)
 
     def one(path, w):
-      recipe = plan[weight_sync.path_name(path)]
+      recipe = plan[tree_paths.path_name(path)]
       if recipe == "mxfp8":
         return weight_sync.served_mx_weight(w, axis=0).astype(jnp.bfloat16)
       return w.astype(SERVED_DTYPES[recipe])
@@ -149,9 +150,7 @@ class MXFP8RLConfig(stale_sampler.StaleSamplerConfig):
     return jax.tree_util.tree_map_with_path(one, params)
 
   def exporter(self) -> stale_sampler.Exporter:
-    return stale_sampler.Exporter(init=lambda master: (),
-                                  export=lambda master, state, key: (self.serve(master),
-                                                                     state))
+    return stale_sampler.stateless_exporter(self.serve)
 
   def sync_monitor(self) -> stale_sampler.SyncMonitor:
     return SyncChecks(self).monitor()

@@ -176,11 +176,15 @@ class Exporter(NamedTuple):
   export: Callable[[Any, Any, jax.Array], tuple[Any, Any]]
 
 
+def stateless_exporter(export: sampler_copy.Export) -> Exporter:
+  """An :class:`Exporter` for a plain ``params -> served`` function (no state, no key)."""
+  return Exporter(init=lambda master: (),
+                  export=lambda master, state, key: (export(master), state))
+
+
 def cast_exporter(dtype: Any) -> Exporter:
   """A stateless export that casts every floating leaf to ``dtype`` (nearest even)."""
-  cast = sampler_copy.cast_export(dtype)
-  return Exporter(init=lambda master: (),
-                  export=lambda master, state, key: (cast(master), state))
+  return stateless_exporter(sampler_copy.cast_export(dtype))
 
 
 class SyncMonitor(NamedTuple):

@@ -58,6 +58,7 @@ from numerics import formats as formats_lib
 from numerics import quantizer as quantizer_lib
 from numerics import random_bits as random_bits_lib
 from numerics import rounding as rounding_lib
+from numerics import tree_paths
 
 Export = Callable[[Any], Any]
 EXPORT_ROUNDINGS = ("nearest", "stochastic", "error_feedback")
@@ -619,26 +620,10 @@ def _check_served_leaf(path, m, s):
   return s
 
 
-def _path_name(path) -> str:
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      parts.append(k.name)
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      parts.append(str(k.key))
-    else:
-      parts.append(str(k))
-  return "/".join(parts) or _ROOT
-
-
 def _flatten(tree):
   """(path names, leaves, treedef); path names are unique and never 'global'."""
   with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
-  names = [_path_name(p) for p, _ in with_path]
+  names = [tree_paths.path_name(p, _ROOT) for p, _ in with_path]
   if GLOBAL in names:
     raise ValueError(f"a leaf path is named {GLOBAL!r}, which the metrics reserve")
   return names, [leaf for _, leaf in with_path], treedef

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from numerics import tree_paths
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
 SCALINGS = ("shape", "rms", "none")
@@ -133,22 +135,12 @@ def scale_by_muon(momentum: float = 0.9, *, nesterov: bool = True, ns_steps: int
   return optax.GradientTransformation(init, update)
 
 
-def _path_names(path) -> str:
-  parts = []
-  for p in path:
-    for attr in ("key", "name", "idx"):
-      if hasattr(p, attr):
-        parts.append(str(getattr(p, attr)))
-        break
-  return "/".join(parts).lower()
-
-
 def default_param_labels(params: Any, fallback_names: tuple[str, ...] =
                          DEFAULT_FALLBACK_NAMES) -> Any:
   """``"muon"`` for hidden matrices; ``"fallback"`` for ndim < 2 leaves and any leaf whose
   path contains one of ``fallback_names`` (embeddings, heads, biases, norms)."""
   def label(path, x):
-    name = _path_names(path)
+    name = tree_paths.path_name(path).lower()
     if x.ndim < 2 or any(f in name for f in fallback_names):
       return FALLBACK
     return MUON

@@ -38,6 +38,7 @@ import numpy as np
 from numerics import blockscale
 from numerics import formats as formats_lib
 from numerics import rounding as rounding_lib
+from numerics import tree_paths
 from numerics.rl import mismatch
 from numerics.rl.sampler_copy import Export, SamplerCopy
 
@@ -92,22 +93,10 @@ PARITY_TOLERANCES: Mapping[tuple[str, str], Tolerance] = {
 # --------------------------------------------------------------------------- helpers
 
 
-def _key_name(k: Any) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
-
-
-def path_name(path: Sequence[Any]) -> str:
-  """The ``'/'``-joined name of a pytree key path (``block_0/qkv/kernel``)."""
-  return "/".join(_key_name(k) for k in path)
-
-
 def param_paths(tree: Any) -> dict[str, Any]:
-  """``{'/'-joined path: leaf}`` of a params pytree, in flattening order."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {path_name(path): leaf for path, leaf in leaves}
+  """``{'/'-joined path: leaf}`` of a params pytree, in flattening order
+  (:func:`numerics.tree_paths.named_leaves`)."""
+  return tree_paths.named_leaves(tree)
 
 
 def _listed(items: Sequence[Any]) -> str:
