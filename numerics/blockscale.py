@@ -64,6 +64,7 @@ from numerics import rounding as rounding_lib
 ScaleRule = Literal["floor", "ceil", "rceil", "even", "alto"]
 SCALE_RULES = ("floor", "ceil", "rceil", "even", "alto")
 MX_ELEMENT_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
+MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
 NVFP4_BLOCK = 16
 _U = np.uint32
 _I = np.int32
@@ -349,7 +350,7 @@ _MX_STATIC = ("fmt", "block_size", "axis", "block_shape", "scale_rule", "roundin
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
 def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
-                           block_size: int = 32, axis: int | Sequence[int] = -1,
+                           block_size: int = MX_BLOCK, axis: int | Sequence[int] = -1,
                            block_shape: Sequence[int] | None = None,
                            scale_rule: ScaleRule = "floor", rounding: str = "nearest",
                            key: jax.Array | None = None, rand_bits: int | None = None,
@@ -376,7 +377,7 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
-                block_size: int = 32, axis: int | Sequence[int] = -1,
+                block_size: int = MX_BLOCK, axis: int | Sequence[int] = -1,
                 block_shape: Sequence[int] | None = None,
                 scale_rule: ScaleRule = "floor", rounding: str = "nearest",
                 key: jax.Array | None = None, rand_bits: int | None = None,

@@ -20,11 +20,12 @@ from jax.experimental import pallas as pl
 import numpy as np
 
 from numerics import blockscale
+from numerics.blockscale import MX_BLOCK
 from numerics import encoding
 from numerics import formats as formats_lib
 from numerics.kernels import dispatch
 
-MX_BLOCK = 32
+
 
 
 def _check(qa: blockscale.QuantizedArray, qb: blockscale.QuantizedArray) -> None:

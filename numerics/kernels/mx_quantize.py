@@ -18,11 +18,12 @@ from jax.experimental import pallas as pl
 import numpy as np
 
 from numerics import blockscale
+from numerics.blockscale import MX_BLOCK
 from numerics import formats as formats_lib
 from numerics import random_bits as random_bits_lib
 from numerics.kernels import dispatch
 
-MX_BLOCK = 32
+
 
 
 def _kernel(seed_ref, x_ref, codes_ref, scales_ref, *, fmt, scale_rule, rounding,

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numerics import blockscale
+from numerics.blockscale import MX_BLOCK
 from numerics import formats as formats_lib
 from numerics import rounding as rounding_lib
 from numerics import tree_paths
@@ -45,7 +46,7 @@ from numerics.rl.sampler_copy import Export, SamplerCopy
 RECIPES = ("fp32", "bf16", "mxfp8")
 # Served MX recipes: (element format, scale rule) -- as numerics.recipes' "mxfp8".
 MX_SERVED_FORMATS: Mapping[str, tuple[str, str]] = {"mxfp8": ("e4m3", "rceil")}
-MX_BLOCK = 32
+
 _MAX_LISTED = 8  # names / blocks listed in an error message
 
 
