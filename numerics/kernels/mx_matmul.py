@@ -26,8 +26,6 @@ from numerics import formats as formats_lib
 from numerics.kernels import dispatch
 
 
-
-
 def _check(qa: blockscale.QuantizedArray, qb: blockscale.QuantizedArray) -> None:
   for name, q, axis in (("lhs", qa, 1), ("rhs", qb, 0)):
     if not isinstance(q, blockscale.QuantizedArray) or q.scale_fmt != "e8m0":

@@ -24,8 +24,6 @@ from numerics import random_bits as random_bits_lib
 from numerics.kernels import dispatch
 
 
-
-
 def _kernel(seed_ref, x_ref, codes_ref, scales_ref, *, fmt, scale_rule, rounding,
             rand_bits, block_rows, k):
   x = x_ref[...].astype(jnp.float32)
