@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import numerics
+from numerics import operator_snr
+from numerics.outlier_data import outlier_data
 
 _ROWS = flags.DEFINE_integer("rows", 256, "tensor rows")
 _COLS = flags.DEFINE_integer("cols", 1024, "tensor columns (multiple of 32)")
@@ -23,17 +25,9 @@ _OUTLIERS = flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli rate of N(0, 1e
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed")
 
 
-def synthetic(key: jax.Array, shape: tuple[int, int], rate: float) -> jax.Array:
-  """N(0,1) + Bernoulli(rate) * N(0, 1e4) float32 (ALTO's operator-SNR data)."""
-  k1, k2, k3 = jax.random.split(key, 3)
-  base = jax.random.normal(k1, shape)
-  mask = jax.random.bernoulli(k2, rate, shape)
-  return base + mask * 100.0 * jax.random.normal(k3, shape)
-
-
 def error_row(x: np.ndarray, q: np.ndarray) -> dict:
   err = q.astype(np.float64) - x
-  return dict(snr_db=10 * np.log10(np.sum(x ** 2) / max(np.sum(err ** 2), 1e-300)),
+  return dict(snr_db=operator_snr.snr_db(x, q),
               rel_rmse=np.sqrt(np.mean(err ** 2) / np.mean(x ** 2)),
               max_abs=np.max(np.abs(err)))
 
@@ -64,7 +58,7 @@ def table(x: jax.Array, key: jax.Array) -> list[tuple[str, str, dict]]:
 def main(argv):
   del argv
   key = jax.random.key(_SEED.value)
-  x = synthetic(key, (_ROWS.value, _COLS.value), _OUTLIERS.value)
+  x = outlier_data(key, (_ROWS.value, _COLS.value), _OUTLIERS.value)
   print(f"x: {_ROWS.value}x{_COLS.value} float32, N(0,1) + Bernoulli({_OUTLIERS.value})"
         f" * N(0,1e4); max |x| = {float(jnp.max(jnp.abs(x))):.1f}")
   print(f"{'format':7s} {'scheme':20s} {'SNR dB':>8s} {'rel RMSE':>10s} "

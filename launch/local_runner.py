@@ -15,8 +15,9 @@ from typing import Sequence
 
 from absl import logging
 
+from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
-from launch.sweep_spec import RunSpec
+from launch.manifest import RunSpec
 
 # Pins, then execs the run: no preexec_fn, which would fork this (multithreaded, JAX
 # importing) process in an unsafe way.
@@ -58,6 +59,16 @@ def completed_runs(results_file: str) -> set[str]:
   return {row.get("run_name") for row in read_results(results_file)}
 
 
+def _in_repo(path: str) -> str:
+  """A manifest path (relative to the repository root, or absolute) as an absolute path."""
+  return os.path.join(REPO_DIR, path)
+
+
+def _argv(command: Sequence[str]) -> list[str]:
+  """The manifest command with this interpreter in place of ``python``."""
+  return [sys.executable, *command[1:]] if command and command[0] == "python" else list(command)
+
+
 def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int = 1,
               mem_per_run_gb: float = 2.0, env: dict[str, str] | None = None,
               timeout_s: float | None = None, poll_s: float = 0.2) -> list[RunOutcome]:
@@ -65,6 +76,7 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
 
   Runs whose ``run_name`` already has a row in their results file are skipped, and every
   command carries ``--resume``, so re-running a sweep finishes only what is missing.
+  Commands run from the repository root (manifest paths are relative to it).
   A run past ``timeout_s`` is killed (returncode -9).
   """
   parallel = parallel or default_parallelism(cpus_per_run, mem_per_run_gb)
@@ -76,7 +88,7 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
     slots = [cpus] * parallel
   done = set()
   for r in runs:
-    done |= completed_runs(r.results_file) if r.results_file else set()
+    done |= completed_runs(_in_repo(r.results_file)) if r.results_file else set()
   queue = [r for r in runs if r.run_name not in done]
   outcomes = [RunOutcome(r.run_name, None, 0.0, "") for r in runs if r.run_name in done]
   running: dict[int, tuple[subprocess.Popen, RunSpec, float, str, object]] = {}
@@ -89,8 +101,9 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
       while queue and free:
         slot = free.pop(0)
         spec = queue.pop(0)
-        os.makedirs(spec.workdir, exist_ok=True)
-        log_path = os.path.join(spec.workdir, "launch.log")
+        workdir = _in_repo(spec.workdir)
+        os.makedirs(workdir, exist_ok=True)
+        log_path = os.path.join(workdir, "launch.log")
         log = open(log_path, "ab")
         cores = slots[slot]
         argv = [sys.executable, "-c", _PIN_AND_EXEC, ",".join(map(str, cores)),

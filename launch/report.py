@@ -1,9 +1,13 @@
 """Builds ``REPORT.md`` for a sweep from its results rows and TensorBoard curves.
 
-    python -m launch.report --sweep_dir=runs/sweeps/lm_recipes
+    python -m launch.report --sweep_dir=experiments/lm/report
 
 The report has the ablation table (mean ± sample std over seeds), paired differences
-against the baseline arm with 95% t-intervals, per-run rows, and PNG plots of the curves.
+against the baseline arm with 95% t-intervals, curve plots, per-run rows, the sweep's
+appendix (``experiments/<paper>/appendix.py``, declared in the sweep) and the
+hand-written ``FINDINGS.md``. It is a function of the sweep directory's files alone:
+no time of day, no machine path (paths are the ones ``sweep.json`` recorded, relative
+to the repository root), so rebuilding a committed report reproduces it exactly.
 """
 
 from __future__ import annotations
@@ -13,16 +17,14 @@ import importlib
 import math
 import os
 import sys
-import time
 from typing import Any
 
 from absl import app, flags
 
-from experiments.common.results import read_results
+from experiments.common.curve_plots import plot_curves
+from experiments.common.stats import paired_difference, summarize
+from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run, run_dir
 from experiments.common.tensorboard_reader import read_scalars
-from launch.ablation_stats import paired_difference, summarize
-from launch.curve_plots import plot_curves
-from launch.sweep_spec import read_manifest, read_sweep_info
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
 FINDINGS = "FINDINGS.md"
@@ -36,28 +38,47 @@ def _slug(tag: str) -> str:
   return tag.replace("/", "_")
 
 
+def provenance(info: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[str]:
+  """Markdown lines: the commit the sweep ran from, and any run that ran elsewhere."""
+  git = info.get("git", {})
+  commit = git.get("commit", "unknown")
+  lines = [f"- git commit `{commit}`"
+           + (" (**dirty**: tracked files differed from the commit)" if git.get("dirty")
+              else " (clean tree)")]
+  others = collections.defaultdict(list)
+  for name, row in sorted(rows.items()):
+    g = row.get("git", {})
+    if g.get("commit", commit) != commit or g.get("dirty"):
+      others[(g.get("commit", "unknown"), bool(g.get("dirty")))].append(name)
+  for (c, dirty), names in sorted(others.items()):
+    lines.append(f"- **{len(names)} run(s) ran from commit `{c}`"
+                 + (" (dirty)" if dirty else "") + "**: " + ", ".join(f"`{n}`" for n in names))
+  return lines
+
+
 def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   """Writes ``<sweep_dir>/REPORT.md`` and ``<sweep_dir>/plots/*.png``; returns the report path.
 
   The sweep's appendix (if declared) follows the generated sections, then the contents
   of ``<sweep_dir>/FINDINGS.md`` (if present), so a rebuild keeps the hand-written reading.
+  Runs on calibration seeds are listed but kept out of every statistic.
   """
-  sweep_dir = os.path.abspath(sweep_dir)
   info = read_sweep_info(sweep_dir)
   manifest = read_manifest(sweep_dir)
   by_name = {m["run_name"]: m for m in manifest}
-  rows = {}
-  for row in read_results(os.path.join(sweep_dir, "results.jsonl")):
-    if row.get("run_name") in by_name:
-      rows[row["run_name"]] = row  # a re-run's later row wins
+  rows = results_by_run(sweep_dir)
+  calibration = {m["run_name"] for m in manifest if m.get("calibration")}
   arms = [a["name"] for a in info["arms"]]
   baseline = info["baseline"]
   metrics = info["metrics"]
   higher = set(info.get("higher_is_better", []))
+  recorded_dir = info.get("sweep_dir", "<sweep_dir>")
 
-  # arm -> metric -> seed -> value
+  # arm -> metric -> seed -> value (evaluation seeds only)
   values: dict[str, dict[str, dict[int, float]]] = {a: collections.defaultdict(dict) for a in arms}
   for name, row in rows.items():
+    if name in calibration:
+      continue
     m = by_name[name]
     for metric in metrics:
       v = row.get("metrics", {}).get(metric)
@@ -67,17 +88,20 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   lines = [f"# Sweep `{info['name']}`", ""]
   if info.get("description"):
     lines += [info["description"], ""]
-  git = info.get("git", {})
+  cal_seeds = info.get("calibration_seeds", [])
   lines += [
       f"- experiment: `python -m {info['module']}`; arms: {', '.join(f'`{a}`' for a in arms)} "
-      f"(baseline `{baseline}`); seeds: {info['seeds']}",
-      f"- runs completed: {len(rows)} of {len(manifest)}; git commit `{git.get('commit', '?')}`"
-      + (" (dirty)" if git.get("dirty") else ""),
-      f"- report built {time.strftime('%Y-%m-%d %H:%M:%S')} from `{sweep_dir}`", ""]
+      f"(baseline `{baseline}`); evaluation seeds: {info['seeds']}"
+      + (f"; calibration seeds (never evaluated): {cal_seeds}" if cal_seeds else ""),
+      f"- runs completed: {len(rows)} of {len(manifest)}", *provenance(info, rows),
+      f"- sweep directory: `{recorded_dir}`", ""]
   missing = [m["run_name"] for m in manifest if m["run_name"] not in rows]
   if missing:
     lines += ["**Missing runs** (no results row; see their `launch.log`): "
               + ", ".join(f"`{n}`" for n in missing), ""]
+  if calibration:
+    lines += ["Runs on calibration seeds (listed below, left out of every statistic): "
+              + ", ".join(f"`{n}`" for n in sorted(calibration)), ""]
   for a in info["arms"]:
     lines.append(f"- arm `{a['name']}` overrides: `{a['overrides']}`")
   lines.append("")
@@ -111,7 +135,7 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
       continue
     for metric in metrics:
       d = paired_difference(values[a][metric], values[baseline][metric], confidence)
-      star = "*" if d.n >= 2 and (d.ci_low > 0 or d.ci_high < 0) else ""
+      star = "*" if d.excludes_zero else ""
       lines.append(f"| `{a}` | `{metric}` | {_fmt(d.mean)}{star} | "
                    f"[{_fmt(d.ci_low)}, {_fmt(d.ci_high)}] | {d.n} |")
   lines.append("")
@@ -120,9 +144,10 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   curves_by_tag: dict[str, dict[str, list]] = {t: collections.defaultdict(list)
                                               for t in info.get("curves", [])}
   for m in manifest:
-    if not os.path.isdir(m["workdir"]):
+    directory = run_dir(sweep_dir, m["run_name"])
+    if m["run_name"] in calibration or not os.path.isdir(directory):
       continue
-    scalars = read_scalars(m["workdir"])
+    scalars = read_scalars(directory)
     for tag in curves_by_tag:
       if tag in scalars:
         curves_by_tag[tag][m["arm"]].append(scalars[tag])
@@ -139,18 +164,21 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
             + " | steps/s | wall s |", "|---|---|---|" + "---|" * (len(metrics) + 2)]
   for m in manifest:
     row = rows.get(m["run_name"])
+    seed = f"{m['seed']} (calibration)" if m["run_name"] in calibration else m["seed"]
     if row is None:
-      lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {m['seed']} | "
+      lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | "
                    + " | ".join("missing" for _ in metrics) + " | | |")
       continue
     vals = [_fmt(row["metrics"].get(metric, math.nan)) for metric in metrics]
-    lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {m['seed']} | " + " | ".join(vals)
+    lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
                  + f" | {_fmt(row.get('steps_per_s', math.nan), 2)} | "
                  f"{_fmt(row.get('wall_s', math.nan), 1)} |")
   lines += ["", "## Reproduce", "",
-            f"Every run's full command is in `{os.path.join(sweep_dir, 'manifest.jsonl')}`. "
-            f"TensorBoard: `tensorboard --logdir {os.path.join(sweep_dir, 'runs')} "
-            "--host 127.0.0.1`.", ""]
+            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}` "
+            f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
+            f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
+            f"from the committed data; `tensorboard --logdir {recorded_dir} "
+            "--host 127.0.0.1` shows every run's scalars and HParams.", ""]
   if info.get("appendix"):
     module, function = info["appendix"].split(":")
     lines += [getattr(importlib.import_module(module), function)(sweep_dir)]

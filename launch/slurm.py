@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import sys
 from typing import Sequence
 
-from launch.sweep_spec import RunSpec
-
-_REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiments.common.repo_paths import REPO_DIR
+from launch.manifest import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,8 @@ def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
   commands = os.path.join(sweep_dir, "commands.txt")
   with open(commands, "w") as f:
     for r in sorted(runs, key=lambda r: r.index):
-      f.write(r.shell_command() + "\n")
+      # The interpreter that wrote the script (its environment has the project installed).
+      f.write(r.shell_command().replace("python", shlex.quote(sys.executable), 1) + "\n")
   array = f"0-{len(runs) - 1}" + (f"%{options.max_concurrent}" if options.max_concurrent else "")
   lines = [
       "#!/bin/bash",
@@ -72,7 +73,7 @@ def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
   multi_task = options.nodes * options.ntasks_per_node > 1
   lines += [
       "set -euo pipefail",
-      f"cd {shlex.quote(_REPO_DIR)}",
+      f"cd {shlex.quote(REPO_DIR)}",
       f'CMD=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(commands)})',
       'echo "array task ${SLURM_ARRAY_TASK_ID} on $(hostname): ${CMD}"',
       # Every command carries --resume: a requeued (preempted) task continues its run.

@@ -1,46 +1,66 @@
 """Expand a declared sweep to a manifest and run it locally, on SLURM, or just print it.
 
+    python -m launch.sweep --list                                # registered sweeps
     python -m launch.sweep --sweep=lm_recipes --dry_run          # print the commands
     python -m launch.sweep --sweep=lm_recipes                    # run locally, then report
     python -m launch.sweep --sweep=lm_recipes --target=slurm     # write a job-array script
     python -m launch.sweep --sweep=lm_recipes --override=num_steps=50   # every run
 
 Outputs under ``--sweep_dir`` (default ``runs/sweeps/<sweep>``): ``manifest.jsonl`` (one
-run per line, with its flags and command), ``sweep.json``, ``runs/<run_name>/`` (each
-run's TensorBoard events, config.json, checkpoints, launch.log), ``results.jsonl`` and,
-after a local run, ``REPORT.md`` with ``plots/``.
+run per line, with its flags and command), ``sweep.json`` (the declaration, the git
+commit it ran from and, after a local run, its measured duration), ``runs/<run_name>/``
+(each run's TensorBoard events, config.json, checkpoints, launch.log),
+``results.jsonl`` and, after a local run, ``REPORT.md`` with ``plots/``.
+
+A sweep records the commit its runs execute, so it refuses to start from a tree with
+uncommitted changes to tracked files (``--allow_dirty`` overrides; the report then says
+so). Regenerating a paper's committed evidence is ``--sweep_dir=<its report_dir>``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
+import time
 from typing import Sequence
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from launch import sweeps
+from experiments.common.config_flags import parse_override
+from experiments.common.repo_paths import REPO_DIR, repo_relative
+from experiments.common.run_metadata import git_state
+from experiments.common.sweep_data import read_sweep_info
+from experiments.common.sweep_spec import Sweep
+from experiments.common.tensorboard_writer import write_hparams_experiment
+from launch import registry
+from launch.local_runner import default_parallelism, run_local
+from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
+from launch.slurm import SlurmOptions, write_array_script
 
 FLAGS = flags.FLAGS
-from launch.local_runner import default_parallelism, run_local
-from launch.slurm import SlurmOptions, write_array_script
-from launch.sweep_spec import Sweep, RunSpec, expand, swept_hparams, write_manifest
-from experiments.common.config_flags import parse_override
-from experiments.common.tensorboard_writer import write_hparams_experiment
+
 
 def define_flags() -> None:
   """Defines this script's flags (only when run as a script: library use defines none)."""
-  flags.DEFINE_enum("sweep", None, list(sweeps.names()), "Which declared sweep.")
+  flags.DEFINE_enum("sweep", None, list(registry.names()), "Which declared sweep.")
+  flags.DEFINE_bool("list", False, "Print every registered sweep with its run count and "
+                    "the measured duration of its committed report; run nothing.")
   flags.DEFINE_string("sweep_dir", "", "Output directory (default runs/sweeps/<sweep>).")
   flags.DEFINE_enum("target", "local", ["local", "slurm"],
                     "local: run now with parallel processes; slurm: write an sbatch "
                     "job-array script (submit it yourself).")
   flags.DEFINE_bool("dry_run", False, "Print one command per run; write nothing.")
+  flags.DEFINE_bool("allow_dirty", False, "Run although tracked files differ from the "
+                    "commit (the report marks the commit dirty).")
   flags.DEFINE_multi_string("override", [], "name=value applied to every run's config "
                             "(repeatable), e.g. --override=num_steps=50.")
   flags.DEFINE_list("seeds", [], "Run only these of the sweep's declared seeds "
                     "(comma-separated; default all).")
+  flags.DEFINE_bool("allow_calibration_seeds", False, "Let --seeds name the sweep's "
+                    "calibration seeds (to reproduce a calibration run; the report keeps "
+                    "them out of its statistics).")
   flags.DEFINE_integer("parallel", 0, "Local runs at a time (0: as many as fit by cores "
                        "and free memory).")
   flags.DEFINE_integer("cpus_per_run", 1, "Local: CPU cores pinned to each run.")
@@ -58,20 +78,42 @@ def define_flags() -> None:
   flags.DEFINE_string("slurm_account", "", "SLURM: --account.")
   flags.DEFINE_integer("slurm_max_concurrent", 0, "SLURM: array %limit (0: none).")
 
+
 def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
-            seeds: Sequence[int] = ()) -> tuple[Sweep, list[RunSpec]]:
+            seeds: Sequence[int] = (), *, allow_calibration_seeds: bool = False
+            ) -> tuple[Sweep, list[RunSpec]]:
   """Expands the sweep with ``name=value`` overrides (validated against the config).
 
-  ``seeds``, if given, must be a subset of the declared seeds (a quicker partial sweep).
+  ``seeds``, if given, must be a subset of the declared evaluation seeds (a quicker
+  partial sweep), or of the calibration seeds with ``allow_calibration_seeds``.
   """
   extra = dict(parse_override(o, sweep.base) for o in overrides)
+  calibration: list[int] = []
   if seeds:
-    unknown = sorted(set(seeds) - set(sweep.seeds))
+    calibration = [s for s in sweep.calibration_seeds if s in seeds]
+    if calibration and not allow_calibration_seeds:
+      raise ValueError(f"seeds {calibration} are calibration seeds of sweep "
+                       f"{sweep.name!r}; pass --allow_calibration_seeds to rerun them")
+    unknown = sorted(set(seeds) - set(sweep.seeds) - set(sweep.calibration_seeds))
     if unknown:
       raise ValueError(f"seeds {unknown} are not declared by sweep {sweep.name!r} "
                        f"(declared: {list(sweep.seeds)})")
-    sweep = dataclasses.replace(sweep, seeds=tuple(s for s in sweep.seeds if s in seeds))
+    evaluation = tuple(s for s in sweep.seeds if s in seeds)
+    runs = expand(sweep, sweep_dir, extra, seeds=evaluation, calibration_runs=calibration)
+    if evaluation:
+      sweep = dataclasses.replace(sweep, seeds=evaluation)
+    return sweep, runs
   return sweep, expand(sweep, sweep_dir, extra)
+
+
+def stale_run_dirs(runs: Sequence[RunSpec], sweep_dir: str) -> list[str]:
+  """Run directories under ``sweep_dir/runs`` that are not runs of this manifest."""
+  root = os.path.join(sweep_dir, "runs")
+  if not os.path.isdir(root):
+    return []
+  names = {r.run_name for r in runs}
+  return sorted(d for d in os.listdir(root)
+                if os.path.isdir(os.path.join(root, d)) and d not in names)
 
 
 def write_tensorboard_experiment(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> None:
@@ -80,21 +122,86 @@ def write_tensorboard_experiment(sweep: Sweep, runs: Sequence[RunSpec], sweep_di
   write_hparams_experiment(os.path.join(sweep_dir, "runs"), hparams, sweep.metrics)
 
 
+def record_duration(sweep_dir: str, wall_s: float, runs: int, parallel: int) -> None:
+  """Adds the measured wall-clock of a local run to ``sweep.json``."""
+  path = os.path.join(sweep_dir, "sweep.json")
+  info = read_sweep_info(sweep_dir)
+  info["measured"] = {"wall_s": round(wall_s, 1), "runs_executed": runs,
+                      "parallel": parallel, "cpus": len(os.sched_getaffinity(0)),
+                      "date": time.strftime("%Y-%m-%d")}
+  with open(path, "w") as f:
+    json.dump(info, f, indent=2, sort_keys=True)
+
+
+def measured_duration(sweep: Sweep) -> str:
+  """The duration of the sweep's committed run, from its report's ``sweep.json``."""
+  if not sweep.report_dir:
+    return "no committed report"
+  path = os.path.join(REPO_DIR, sweep.report_dir, "sweep.json")
+  if not os.path.exists(path):
+    return f"not run yet ({sweep.report_dir})"
+  with open(path) as f:
+    info = json.load(f)
+  m = info.get("measured")
+  if m:
+    return (f"{m['wall_s'] / 60:.1f} min wall for {m['runs_executed']} runs, "
+            f"{m['parallel']} at a time on {m['cpus']} cores ({m['date']}, "
+            f"{sweep.report_dir})")
+  rows = os.path.join(REPO_DIR, sweep.report_dir, "results.jsonl")
+  if os.path.exists(rows):  # reports from before durations were recorded
+    with open(rows) as f:
+      total = sum(json.loads(line).get("wall_s", 0.0) for line in f if line.strip())
+    return (f"sweep duration not recorded; its runs' wall times sum to "
+            f"{total / 60:.1f} min ({sweep.report_dir})")
+  return f"no duration recorded ({sweep.report_dir})"
+
+
+def list_sweeps() -> str:
+  lines = []
+  for name in registry.names():
+    sweep = registry.get(name)
+    n = len(sweep.arms) * len(sweep.seeds)
+    lines.append(f"{name}: {len(sweep.arms)} arms x {len(sweep.seeds)} seeds = {n} runs "
+                 f"(python -m {sweep.module}); {measured_duration(sweep)}")
+  return "\n".join(lines)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  sweep = sweeps.get(FLAGS.sweep)
-  sweep_dir = os.path.abspath(FLAGS.sweep_dir or os.path.join("runs", "sweeps", sweep.name))
-  sweep, runs = prepare(sweep, sweep_dir, FLAGS.override, [int(x) for x in FLAGS.seeds])
+  if FLAGS.list:
+    print(list_sweeps())
+    return 0
+  if FLAGS.sweep is None:
+    raise app.UsageError("--sweep is required (or --list)")
+  sweep = registry.get(FLAGS.sweep)
+  sweep_dir = FLAGS.sweep_dir or os.path.join("runs", "sweeps", sweep.name)
+  sweep, runs = prepare(sweep, sweep_dir, FLAGS.override, [int(x) for x in FLAGS.seeds],
+                        allow_calibration_seeds=FLAGS.allow_calibration_seeds)
   if FLAGS.dry_run:
     print(f"# sweep {sweep.name}: {len(runs)} runs "
-          f"({len(sweep.arms)} arms x {len(sweep.seeds)} seeds) -> {sweep_dir}")
+          f"({len(sweep.arms)} arms x {len(sweep.seeds)} seeds) -> {repo_relative(sweep_dir)}")
     for r in runs:
       print(r.shell_command())
     return 0
+  git = git_state()
+  if git["dirty"] and not FLAGS.allow_dirty:
+    print(f"refusing to run sweep {sweep.name}: tracked files differ from commit "
+          f"{git['commit'][:12]} (see `git status`), so the runs would not be "
+          "reproducible from it. Commit first, or pass --allow_dirty (the report will "
+          "say the tree was dirty).", file=sys.stderr)
+    return 2
+  stale = stale_run_dirs(runs, sweep_dir)
+  if stale:
+    print(f"refusing to run sweep {sweep.name}: {os.path.join(sweep_dir, 'runs')} holds "
+          f"run directories that are not in this sweep's manifest ({', '.join(stale[:5])}"
+          f"{', ...' if len(stale) > 5 else ''}); TensorBoard and the evidence would mix "
+          "them with these runs. Remove them or choose another --sweep_dir.",
+          file=sys.stderr)
+    return 2
   manifest = write_manifest(sweep, runs, sweep_dir)
   write_tensorboard_experiment(sweep, runs, sweep_dir)
-  print(f"manifest: {manifest} ({len(runs)} runs)")
+  print(f"manifest: {repo_relative(manifest)} ({len(runs)} runs)")
   if FLAGS.target == "slurm":
     script = write_array_script(runs, sweep_dir, sweep.name, SlurmOptions(
         time=FLAGS.slurm_time, cpus_per_task=FLAGS.slurm_cpus_per_task, mem=FLAGS.slurm_mem,
@@ -102,23 +209,27 @@ def main(argv):
         ntasks_per_node=FLAGS.slurm_ntasks_per_node, partition=FLAGS.slurm_partition,
         account=FLAGS.slurm_account, max_concurrent=FLAGS.slurm_max_concurrent))
     print(f"submit with: sbatch {script}")
-    print(f"then: python -m launch.report --sweep_dir={sweep_dir}")
+    print(f"then: python -m launch.report --sweep_dir={repo_relative(sweep_dir)}")
     return 0
   parallel = FLAGS.parallel or default_parallelism(FLAGS.cpus_per_run, FLAGS.mem_per_run_gb)
+  t0 = time.monotonic()
   outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
                        timeout_s=FLAGS.run_timeout_s or None)
+  executed = [o for o in outcomes if o.returncode is not None]
+  if executed:
+    record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
   failed = [o for o in outcomes if o.returncode not in (0, None)]
   for o in failed:
-    print(f"FAILED {o.run_name} (rc={o.returncode}); log: {o.log_path}", file=sys.stderr)
+    print(f"FAILED {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
+          file=sys.stderr)
   if FLAGS.report:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)
-    print(f"report: {path}")
-  print(f"tensorboard --logdir {os.path.join(sweep_dir, 'runs')} --host 127.0.0.1 --port 6006")
+    print(f"report: {repo_relative(path)}")
+  print(f"tensorboard --logdir {repo_relative(sweep_dir)} --host 127.0.0.1 --port 6006")
   return 1 if failed else 0
 
 
 if __name__ == "__main__":
   define_flags()
-  flags.mark_flag_as_required("sweep")
   app.run(lambda argv: sys.exit(main(argv)))

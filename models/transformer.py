@@ -46,6 +46,16 @@ def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Dimensio
                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
 
+def bf16_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
+                     key: jax.Array | None) -> jax.Array:
+  """bf16 operands (round to nearest even), float32 accumulation and output, with the
+  injected signature (``key`` unused). Gradients are autodiff's (the transposed GEMMs
+  in bf16 x bf16 -> float32)."""
+  del key
+  return lax.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
+                         dimension_numbers, preferred_element_type=jnp.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Model hyperparameters (all static)."""

@@ -147,19 +147,27 @@ def _layout(ndim: int, block_size: int | None, axis, block_shape) -> tuple[
   return tuple(norm[i] for i in order), tuple(int(blocks[i]) for i in order)
 
 
-def _pad(x: jax.Array, axes, blocks, pad: bool) -> jax.Array:
+def pad_to_multiple(x: jax.Array, axes: Sequence[int], multiples: Sequence[int]
+                    ) -> jax.Array:
+  """``x`` zero-padded at the end of each of ``axes`` to a multiple of the matching
+  entry of ``multiples`` (unchanged where it already is one); same dtype.
+
+  Zeros never raise a block's amax, so padding leaves every block scale unchanged."""
+  x = jnp.asarray(x)
   widths = [(0, 0)] * x.ndim
-  for a, b in zip(axes, blocks):
-    r = x.shape[a] % b
-    if r:
-      if not pad:
+  for a, m in zip(axes, multiples):
+    widths[a % x.ndim] = (0, (-x.shape[a]) % m)
+  return jnp.pad(x, widths) if any(w != (0, 0) for w in widths) else x
+
+
+def _pad(x: jax.Array, axes, blocks, pad: bool) -> jax.Array:
+  if not pad:
+    for a, b in zip(axes, blocks):
+      if x.shape[a] % b:
         raise ValueError(
             f"axis {a} of shape {x.shape} has length {x.shape[a]}, not divisible by "
             f"the block extent {b}; pass pad=True to zero-pad it")
-      widths[a] = (0, b - r)
-  if any(w != (0, 0) for w in widths):
-    x = jnp.pad(x, widths)
-  return x
+  return pad_to_multiple(x, axes, blocks)
 
 
 def _blocked_shape(shape, axes, blocks):
@@ -288,6 +296,28 @@ def block_statistic(x: jax.Array, stat, *, block_size: int | None = None,
   bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
   out = stat(xp.reshape(bshape), valid.reshape(bshape), bpos)
   out = jnp.broadcast_to(out, bshape).reshape(xp.shape)
+  return out[tuple(slice(0, d) for d in x.shape)]
+
+
+def block_amax_bits(x: jax.Array, *, block_size: int | None = None,
+                    axis: int | Sequence[int] = -1,
+                    block_shape: Sequence[int] | None = None, pad: bool = False,
+                    finite_only: bool = False) -> jax.Array:
+  """uint32 magnitude bits of each element's block amax, broadcast to ``x``'s shape.
+
+  The amax every MX scale rule starts from, on the float32 bit patterns (so float32
+  subnormals are not flushed): ``>= 0x7F800000`` for a block holding NaN or Inf, unless
+  ``finite_only`` leaves NaN and Inf out of the max. Blocks are laid out as in
+  :func:`quantize_mx`; padding (``pad=True``) is zeros, which never raise the amax.
+  ``lax.bitcast_convert_type(bits, jnp.float32)`` is the amax as a float.
+  """
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  a = lax.bitcast_convert_type(_pad(x, axes, blocks, pad), jnp.uint32) & _U(0x7FFFFFFF)
+  if finite_only:
+    a = jnp.where(a >= _U(0x7F800000), _U(0), a)
+  amax, bshape, _ = _block_amax_bits(a, axes, blocks)
+  out = jnp.broadcast_to(amax, bshape).reshape(a.shape)
   return out[tuple(slice(0, d) for d in x.shape)]
 
 

@@ -15,13 +15,9 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from numerics import blockscale
-
-
-def _block_amax(values, valid, axes):
-  a = jnp.where(valid & jnp.isfinite(values), jnp.abs(values), 0.0)
-  return jnp.max(a, axis=axes, keepdims=True)
 
 
 def macro_block_scales(x: jax.Array, fmt_max: float, *, block_size: int | None = None,
@@ -31,7 +27,8 @@ def macro_block_scales(x: jax.Array, fmt_max: float, *, block_size: int | None =
   """float32 ``S`` per element (x's shape): ``amax(macro block) / fmt_max`` (1 at 0)."""
   if not fmt_max > 0:
     raise ValueError(f"fmt_max must be > 0, got {fmt_max}")
-  amax = blockscale.block_statistic(jnp.asarray(x).astype(jnp.float32), _block_amax,
-                                    block_size=block_size, axis=axis,
-                                    block_shape=block_shape, pad=pad)
+  bits = blockscale.block_amax_bits(jnp.asarray(x).astype(jnp.float32),
+                                   block_size=block_size, axis=axis,
+                                   block_shape=block_shape, pad=pad, finite_only=True)
+  amax = lax.bitcast_convert_type(bits, jnp.float32)
   return jnp.where(amax > 0, amax / fmt_max, 1.0).astype(jnp.float32)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from numerics import blockscale
 from numerics import clipping
 from numerics import dge
 from numerics import formats as formats_lib
@@ -91,14 +92,8 @@ def _compensate(out: jax.Array, *ops) -> jax.Array:
 def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: int,
                    key) -> tuple[jax.Array, jax.Array]:
   """Applies the same RHT along the contraction axis of both operands (zero-padded)."""
-  n = a.shape[axis_a]
-  pad = (-n) % block
-  if pad:
-    def _pad(x, axis):
-      widths = [(0, 0)] * x.ndim
-      widths[axis] = (0, pad)
-      return jnp.pad(x, widths)
-    a, b = _pad(a, axis_a), _pad(b, axis_b)
+  a = blockscale.pad_to_multiple(a, (axis_a,), (block,))
+  b = blockscale.pad_to_multiple(b, (axis_b,), (block,))
   r = hadamard_lib.random_hadamard_matrix(key, block)
   return (hadamard_lib.apply_blockwise(a, r, block, axis_a),
           hadamard_lib.apply_blockwise(b, r, block, axis_b))
@@ -286,64 +281,3 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
     return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
 
   return quantize
-
-
-def snr_db(ref: jax.Array, approx: jax.Array) -> float:
-  """10 log10(||ref||^2 / ||ref - approx||^2) in float64."""
-  ref = np.asarray(ref, np.float64)
-  err = np.asarray(approx, np.float64) - ref
-  return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum(err ** 2), 1e-300)))
-
-
-def outlier_data(key: jax.Array, shape: tuple[int, ...], rate: float = 0.005
-                 ) -> jax.Array:
-  """ALTO's synthetic operand: N(0, 1) + Bernoulli(rate) * N(0, 1e4), float32."""
-  k1, k2, k3 = jax.random.split(key, 3)
-  return (jax.random.normal(k1, shape) + jax.random.bernoulli(k2, rate, shape)
-          * 100.0 * jax.random.normal(k3, shape))
-
-
-def snr(recipe: str | recipes_lib.Recipe, *, tokens: int = 2048, k: int = 1024,
-        n: int = 1024, key: jax.Array | None = None, outlier_rate: float = 0.005,
-        repeats: int = 1, experts: int = 0) -> dict[str, float]:
-  """Operator-level SNR (dB) of forward O, dgrad dX and wgrad dW under ``recipe``.
-
-  X (tokens, K), W (K, N) and dO (tokens, N) are drawn from
-  :func:`outlier_data` (as ALTO's operator table); the reference is the float32
-  computation without quantization. With ``experts = E > 0`` the GEMM is a grouped
-  expert GEMM: X (E, tokens, K), W (E, K, N), batched over E (an MoE layer's
-  ``dot_general``). With ``repeats > 1`` the SNRs are averaged over independent draws
-  (and keys).
-
-  Returns:
-    ``{"forward": dB, "dgrad": dB, "wgrad": dB}``.
-  """
-  if experts < 0:
-    raise ValueError(f"experts must be >= 0, got {experts}")
-  key = jax.random.key(0) if key is None else key
-  r = recipes_lib.get(recipe)
-  lead = (experts,) if experts else ()
-  dn = (((2,), (1,)), ((0,), (0,))) if experts else (((1,), (0,)), ((), ()))
-
-  @jax.jit
-  def one(kk):
-    kx, kw, kg, kq = jax.random.split(kk, 4)
-    x = outlier_data(kx, lead + (tokens, k), outlier_rate)
-    w = outlier_data(kw, lead + (k, n), outlier_rate)
-    g = outlier_data(kg, lead + (tokens, n), outlier_rate)
-    f = lambda x, w: quantized_dot_general(x, w, dn, r, kq,
-                                           preferred_element_type=jnp.float32)
-    out, vjp = jax.vjp(f, x, w)
-    dx, dw = vjp(g)
-    hi = lax.Precision.HIGHEST
-    mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=hi)
-    ref = (mm("...tk,...kn->...tn", x, w), mm("...tn,...kn->...tk", g, w),
-           mm("...tk,...tn->...kn", x, g))
-    return (out, dx, dw), ref
-
-  totals = {"forward": 0.0, "dgrad": 0.0, "wgrad": 0.0}
-  for i in range(repeats):
-    got, ref = one(jax.random.fold_in(key, i))
-    for name, a, b in zip(totals, ref, got):
-      totals[name] += snr_db(a, b) / repeats
-  return totals

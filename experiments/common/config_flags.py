@@ -43,8 +43,8 @@ def _field_types(cls: type) -> dict[str, type]:
   return out
 
 
-def define_flags(cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines one absl flag per field of the frozen dataclass ``cls``.
+def define_flags(cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """Defines one absl flag per field of the frozen dataclass ``cls``; returns their names.
 
   Raises:
     TypeError: ``cls`` is not a frozen dataclass or has a non-scalar field.
@@ -69,6 +69,7 @@ def define_flags(cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> None
       flags.DEFINE_float(f.name, f.default, help_text, flag_values=flag_values)
     else:
       flags.DEFINE_string(f.name, f.default, help_text, flag_values=flag_values)
+  return [f.name for f in dataclasses.fields(cls)]
 
 
 def config_from_flags(cls: type[T], flag_values: flags.FlagValues = flags.FLAGS) -> T:

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 
 from experiments.common import run_metadata
+from experiments.common.repo_paths import repo_relative
+from experiments.common.train_loop import train_tag
 
 
 def _jsonable(value: Any) -> Any:
@@ -58,15 +60,27 @@ def read_results(path: str) -> list[dict[str, Any]]:
   return rows
 
 
+# Results metrics under these namespaces are logged step by step by the loop already.
+_STEP_NAMESPACES = ("train", "eval", "perf", "rl", "export", "sync", "numerics")
+
+
 def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
                completed: bool, step: int) -> None:
-  """Closes a run: for a completed run, the HParams end record and one results row.
+  """Closes a run: for a completed run, its summary scalars, the HParams end record and
+  one results row.
 
-  Only a finished run closes its HParams session: readers keep the first end record of
-  a tag, so a stopped run that is later resumed must not have written one (and it
-  writes no results row either).
+  The summary metrics the loop does not log per step (``reward/mean_over_training``,
+  ``cost/total_s``, ``steps_to/0.97``, ...) are written as scalars at the final step,
+  so TensorBoard's HParams table can show them as metric columns. Only a finished run
+  closes its HParams session: readers keep the first end record of a tag, so a stopped
+  run that is later resumed must not have written one (and it writes no results row
+  either).
   """
   if completed:
+    final = {k: float(v) for k, v in summary.get("metrics", {}).items()
+             if k.split("/", 1)[0] not in _STEP_NAMESPACES
+             and isinstance(v, (int, float)) and math.isfinite(v)}
+    writer.write_scalars(step, final)
     writer.write_hparams_end(step, completed=True)
     append_result(results_file, summary)
   writer.close()
@@ -74,7 +88,7 @@ def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
 
 def loop_metrics(result: Any) -> dict[str, float]:
   """A finished loop's final metrics as ``train/<name>`` and ``eval/<name>``."""
-  return {**{f"train/{k}": v for k, v in result.train_metrics.items()},
+  return {**{train_tag(k): v for k, v in result.train_metrics.items()},
           **{f"eval/{k}": v for k, v in result.eval_metrics.items()}}
 
 
@@ -88,7 +102,7 @@ def run_summary(experiment: str, options: Any, config: Any, result: Any, *,
   """
   return {
       "experiment": experiment, "run_name": options.run_name,
-      "workdir": options.workdir, "completed": result.completed,
+      "workdir": repo_relative(options.workdir), "completed": result.completed,
       "step": result.snapshot.step, "config": dataclasses.asdict(config),
       "metrics": loop_metrics(result) if metrics is None else metrics,
       "steps_per_s": result.steps_per_s, "wall_s": time.time() - start_time,

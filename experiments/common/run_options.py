@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+from typing import Any
 
 from experiments.common.config_flags import config_field
 
@@ -36,10 +39,36 @@ class RunOptions:
       False, "Never call jax.distributed.initialize, even if a cluster is detected.")
 
 
-def resolve_run_options(options: RunOptions, experiment: str) -> RunOptions:
+def default_run_name(config: Any, max_len: int = 48) -> str:
+  """A run name from how ``config`` differs from its class's defaults.
+
+  ``default`` for the defaults; else ``field=value`` pairs joined by ``,`` in field
+  order (``recipe=mxfp8,seed=1``); past ``max_len`` characters, the first pairs and a
+  hash of the whole config, so different configs never share a default directory.
+  """
+  if config is None:
+    return "default"
+  defaults = type(config)()
+  changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+             if getattr(config, f.name) != getattr(defaults, f.name)]
+  if not changed:
+    return "default"
+  name = ",".join(changed).replace(os.sep, "_")
+  if len(name) <= max_len:
+    return name
+  digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True,
+                                   default=str).encode()).hexdigest()[:8]
+  return f"{name[:max_len - 9]}-{digest}"
+
+
+def resolve_run_options(options: RunOptions, experiment: str, config: Any = None
+                        ) -> RunOptions:
   """Fills the defaults that depend on each other and makes paths absolute.
 
-  orbax refuses relative checkpoint paths, so every path is made absolute here, once.
+  The default workdir is ``runs/<experiment>/<run_name>``, the run name defaulting to
+  :func:`default_run_name` of ``config`` (so runs that differ, e.g. by ``--recipe``, get
+  their own directories). orbax refuses relative checkpoint paths, so every path is
+  made absolute here, once.
   """
   if options.num_processes < 0:
     raise ValueError(f"num_processes must be >= 0, got {options.num_processes}")
@@ -48,7 +77,7 @@ def resolve_run_options(options: RunOptions, experiment: str) -> RunOptions:
   run_name = options.run_name
   workdir = options.workdir
   if not workdir:
-    workdir = os.path.join("runs", experiment, run_name or "default")
+    workdir = os.path.join("runs", experiment, run_name or default_run_name(config))
   workdir = os.path.abspath(workdir)
   run_name = run_name or os.path.basename(workdir.rstrip(os.sep))
   results_file = os.path.abspath(options.results_file or os.path.join(workdir, "results.jsonl"))

@@ -9,6 +9,7 @@ replays the uninterrupted run bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -18,6 +19,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.preemption import PreemptionWatcher
 from experiments.common.progress import ProgressReporter
@@ -100,16 +102,34 @@ class LoopResult(NamedTuple):
   wall_s: float
 
 
+# Step metrics under these namespaces keep their tag (``rl/staleness``,
+# ``perf/update_s``, ``sync/k3``); every other metric is logged as ``train/<name>``.
+SHARED_NAMESPACES = ("perf", "rl", "export", "sync", "numerics")
+
+
+def train_tag(name: str) -> str:
+  """The TensorBoard tag of a step metric (see :data:`SHARED_NAMESPACES`)."""
+  return name if name.split("/", 1)[0] in SHARED_NAMESPACES and "/" in name \
+      else f"train/{name}"
+
+
 def _due(step: int, every: int) -> bool:
   return every > 0 and step % every == 0
 
 
 def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
-                          init: Callable[[], Snapshot]) -> Snapshot:
+                          init: Callable[[], Snapshot], *, config: Any = None,
+                          workdir: str | None = None) -> Snapshot:
   """The snapshot to start from: the latest checkpoint if resuming, else ``init()``.
+
+  With ``config`` and ``workdir``, a resume is refused when the config recorded in
+  ``<workdir>/config.json`` differs from ``config`` (continuing another run's
+  checkpoint under these flags would record a result for a run that never happened).
 
   Raises:
     FileExistsError: checkpoints exist but ``resume`` is False (refuse to overwrite).
+    ValueError: resuming with a config that differs from the recorded one (the message
+      lists the differing fields).
   """
   fresh = init()
   if checkpointer is None:
@@ -119,10 +139,19 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
     if resume:
       logging.info("--resume: no checkpoint in %s, starting from step 0", checkpointer.directory)
     return fresh
+  where = workdir or os.path.dirname(checkpointer.directory)
   if not resume:
     raise FileExistsError(
-        f"{checkpointer.directory} already holds checkpoints (latest step {latest}); pass "
-        "--resume to continue that run, or choose a new --workdir")
+        f"{where} already holds a run (latest checkpoint: step {latest}). To continue an "
+        "interrupted run pass --resume; to train a new one choose another --workdir (or "
+        "change the config: the default workdir is named after it).")
+  if config is not None and workdir is not None:
+    diffs = run_metadata.config_differences(workdir, config)
+    if diffs:
+      raise ValueError(
+          f"refusing to --resume {workdir}: its recorded config differs from this one in "
+          + "; ".join(diffs) + ". Resume with the recorded flags (see its config.json), "
+          "or train this config in another --workdir.")
   snapshot = checkpointer.restore(fresh.state, fresh.rng, latest)
   logging.info("resumed from step %d (data position %d) in %s", snapshot.step,
                snapshot.data_position, checkpointer.directory)
@@ -167,7 +196,7 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched):
       last_train = {k: float(v) for k, v in m.items()}
-      writer.write_scalars(s, {f"train/{k}": v for k, v in last_train.items()})
+      writer.write_scalars(s, {train_tag(k): v for k, v in last_train.items()})
       if not np.isfinite(last_train["loss"]):
         writer.flush()
         raise FloatingPointError(f"non-finite train loss {last_train['loss']} at step {s}")

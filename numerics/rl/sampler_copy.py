@@ -55,14 +55,26 @@ def refresh_due(learner_step: int | jax.Array, interval: int) -> jax.Array:
   return jnp.asarray(learner_step, jnp.int32) % interval == 0
 
 
+def refresh_needed(copy: SamplerCopy, learner_step: int | jax.Array, interval: int
+                   ) -> jax.Array:
+  """bool[]: :func:`refresh_due` and the copy is not already at ``learner_step``.
+
+  A copy taken at this very step (the :func:`initial_copy` at step 0, or a copy
+  restored from a checkpoint written after its sync) is current: syncing it again
+  would give two syncs at one version, which a version check rightly rejects."""
+  step = jnp.asarray(learner_step, jnp.int32)
+  return refresh_due(step, interval) & (copy.version != step)
+
+
 def maybe_refresh(copy: SamplerCopy, learner_params: Any, learner_step: int | jax.Array,
                   interval: int, export: Export) -> SamplerCopy:
-  """``copy`` re-synced from ``learner_params`` when :func:`refresh_due`, else unchanged.
+  """``copy`` re-synced from ``learner_params`` when :func:`refresh_needed`, else
+  unchanged.
 
   jit-compatible (a ``lax.cond``); the export runs only on a refresh."""
   step = jnp.asarray(learner_step, jnp.int32)
   return jax.lax.cond(
-      refresh_due(step, interval),
+      refresh_needed(copy, step, interval),
       lambda: SamplerCopy(export(learner_params), step, copy.syncs + 1),
       lambda: copy)
 

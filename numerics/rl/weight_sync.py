@@ -3,11 +3,9 @@
 The learner keeps float32 master weights and trains under a recipe (``fp32``, ``bf16``
 or ``mxfp8``); at every sync it hands the sampler a served copy (an ``Export`` of the
 masters, :mod:`numerics.rl.sampler_copy`), which the sampler runs in its own recipe.
-MXFP8 serving quantizes the weights on the fly at each sync: 1x32 blocks along the
-contraction axis, E8M0 scales, the contraction axis zero-padded to a multiple of 32
-(:func:`served_mx_weight`). Layers kept in bf16 are named by glob patterns
-(:func:`resolve_layer_plan`); a known silent failure is that the two sides resolve the
-lists differently (fused ``qkv`` against unfused ``query`` names).
+How the sampler serves each layer (the layer plan, MX weights quantized at each sync)
+is :mod:`numerics.rl.serving`; the parity tolerances per recipe pair are
+:mod:`numerics.rl.parity_tolerances`.
 
 Each check is a pure host-side function run at every sync: it returns a dict of float
 metrics when the sync is right and raises :class:`WeightSyncError` naming the tensor
@@ -27,9 +25,8 @@ Parameter names are the ``'/'``-joined pytree paths (``params/block_0/qkv/kernel
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,11 +38,9 @@ from numerics import formats as formats_lib
 from numerics import rounding as rounding_lib
 from numerics import tree_paths
 from numerics.rl import mismatch
+from numerics.rl.parity_tolerances import PARITY_TOLERANCES, Tolerance
 from numerics.rl.sampler_copy import Export, SamplerCopy
-
-RECIPES = ("fp32", "bf16", "mxfp8")
-# Served MX recipes: (element format, scale rule) -- as numerics.recipes' "mxfp8".
-MX_SERVED_FORMATS: Mapping[str, tuple[str, str]] = {"mxfp8": ("e4m3", "rceil")}
+from numerics.rl.serving import MX_SERVED_FORMATS
 
 _MAX_LISTED = 8  # names / blocks listed in an error message
 
@@ -54,50 +49,7 @@ class WeightSyncError(RuntimeError):
   """A weight sync is wrong; the message names the tensor/layer and the numbers."""
 
 
-class Tolerance(NamedTuple):
-  """Largest accepted probe-batch ``k3`` KL and ``max |learner - sampler logp|``."""
-
-  k3: float
-  max_abs_delta_logp: float
-
-
-# (learner recipe, sampler recipe) -> Tolerance. Measured on the tiny DecoderLM of
-# tests/numerics/rl/test_weight_sync.py (vocab 16, d_model 48, 4 heads, d_ff 96, 1 layer,
-# random init; projections in the recipe, attention products in bf16 and the head kept
-# in bf16 except under fp32; embeddings and norms served in fp32; the MXFP8 sampler
-# serves served_mx_weight kernels): the worst k3 and max|dlogp| over 16 init seeds x 4
-# probe batches of 8 x 12 tokens (last 8 scored) were
-#   fp32 <-> bf16:             k3 8.1e-6, max|dlogp| 0.0138 (median k3 5.6e-6)
-#   fp32 or bf16 <-> mxfp8:    k3 8.4e-4, max|dlogp| 0.149  (median k3 5.5e-4)
-#   same recipe on both sides: exactly 0 (the served export of an fp32 master under
-#                              the learner's own recipe gives identical logits)
-# (the same within 25% with flax's own init), and the tolerances below are about 6x (k3)
-# and 3.5x (max|dlogp|) the worst, rounded. The same-recipe tolerance only absorbs
-# reordering noise (a bf16 sampler one SGD step stale already gives k3 ~3e-3). Numbers
-# for a trained or larger model differ: re-measure before relying on them.
-_EXACT = Tolerance(k3=1e-10, max_abs_delta_logp=1e-5)
-_BF16_FP32 = Tolerance(k3=5e-5, max_abs_delta_logp=0.05)
-_MXFP8_CROSS = Tolerance(k3=5e-3, max_abs_delta_logp=0.5)
-PARITY_TOLERANCES: Mapping[tuple[str, str], Tolerance] = {
-    ("fp32", "fp32"): _EXACT,
-    ("bf16", "bf16"): _EXACT,
-    ("mxfp8", "mxfp8"): _EXACT,
-    ("fp32", "bf16"): _BF16_FP32,
-    ("bf16", "fp32"): _BF16_FP32,
-    ("fp32", "mxfp8"): _MXFP8_CROSS,
-    ("mxfp8", "fp32"): _MXFP8_CROSS,
-    ("bf16", "mxfp8"): _MXFP8_CROSS,
-    ("mxfp8", "bf16"): _MXFP8_CROSS,
-}
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def param_paths(tree: Any) -> dict[str, Any]:
-  """``{'/'-joined path: leaf}`` of a params pytree, in flattening order
-  (:func:`numerics.tree_paths.named_leaves`)."""
-  return tree_paths.named_leaves(tree)
 
 
 def _listed(items: Sequence[Any]) -> str:
@@ -123,7 +75,7 @@ def check_coverage(learner_params: Any, served_params: Any) -> dict[str, float]:
   Raises:
     WeightSyncError: listing the missing, extra and mis-shaped names.
   """
-  learner, served = param_paths(learner_params), param_paths(served_params)
+  learner, served = tree_paths.named_leaves(learner_params), tree_paths.named_leaves(served_params)
   missing = [n for n in learner if n not in served]
   extra = [n for n in served if n not in learner]
   shapes = [f"{n} (learner {_shape(learner[n])}, served {_shape(served[n])})"
@@ -143,36 +95,6 @@ def check_coverage(learner_params: Any, served_params: Any) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------- 2. plan
-
-
-def resolve_layer_plan(params: Any, default: str, keep: tuple[str, ...] = (), *,
-                       keep_fp32: tuple[str, ...] = (), strict: bool = False
-                       ) -> dict[str, str]:
-  """``{path: recipe}``: ``"bf16"`` where the path matches a ``keep`` glob, else
-  ``default``.
-
-  Patterns are ``fnmatch`` globs on the ``'/'``-joined path (``*`` also crosses
-  ``/``), e.g. ``"*/qkv/*"``. ``keep_fp32`` globs (checked first) map to ``"fp32"``:
-  parameters served in full precision (norms, embeddings). With ``strict`` a pattern
-  that matches no path raises :class:`WeightSyncError` (an exclusion written for other
-  names, e.g. unfused ``query`` against a fused ``qkv``, silently keeps nothing).
-  """
-  paths = list(param_paths(params))
-  plan = {}
-  for p in paths:
-    if any(fnmatch.fnmatchcase(p, g) for g in keep_fp32):
-      plan[p] = "fp32"
-    elif any(fnmatch.fnmatchcase(p, g) for g in keep):
-      plan[p] = "bf16"
-    else:
-      plan[p] = default
-  if strict:
-    unused = [g for g in tuple(keep_fp32) + tuple(keep)
-              if not any(fnmatch.fnmatchcase(p, g) for p in paths)]
-    if unused:
-      raise WeightSyncError(f"layer plan: pattern(s) {_listed(unused)} match no parameter "
-                            f"of {len(paths)} (names look like {paths[0]!r})")
-  return plan
 
 
 def check_plan(served_plan: Mapping[str, str], learner_plan: Mapping[str, str],
@@ -198,7 +120,7 @@ def check_plan(served_plan: Mapping[str, str], learner_plan: Mapping[str, str],
     problems.append(f"only in the learner plan: {_listed(only_l)}")
   if only_s:
     problems.append(f"only in the served plan: {_listed(only_s)}")
-  served = param_paths(served_params)
+  served = tree_paths.named_leaves(served_params)
   unplanned = [n for n in served if n not in served_plan]
   if unplanned:
     problems.append(f"served tensors without a plan entry: {_listed(unplanned)}")
@@ -239,7 +161,7 @@ def check_bitwise(served_params: Any, expected_served: Any) -> dict[str, float]:
     WeightSyncError: per differing tensor, the count of differing elements and the
       max abs difference (or the dtype/shape mismatch).
   """
-  served, expected = param_paths(served_params), param_paths(expected_served)
+  served, expected = tree_paths.named_leaves(served_params), tree_paths.named_leaves(expected_served)
   problems, total = [], 0
   for n, e in expected.items():
     if n not in served:
@@ -350,7 +272,7 @@ def check_finite(served_params: Any) -> dict[str, float]:
     WeightSyncError: per tensor, the NaN and Inf counts and the first bad index.
   """
   problems, total = [], 0
-  for n, leaf in param_paths(served_params).items():
+  for n, leaf in tree_paths.named_leaves(served_params).items():
     x = np.asarray(leaf)
     if not jnp.issubdtype(x.dtype, jnp.floating):
       continue
@@ -364,35 +286,6 @@ def check_finite(served_params: Any) -> dict[str, float]:
   if problems:
     raise WeightSyncError("non-finite served weights: " + "; ".join(problems))
   return {"finite_elements": float(total)}
-
-
-def pad_contraction(w: jax.Array, axis: int, multiple: int = MX_BLOCK) -> jax.Array:
-  """``w`` zero-padded along ``axis`` to a multiple of ``multiple`` (same dtype)."""
-  w = jnp.asarray(w)
-  axis = axis % w.ndim
-  pad = (-w.shape[axis]) % multiple
-  if not pad:
-    return w
-  widths = [(0, 0)] * w.ndim
-  widths[axis] = (0, pad)
-  return jnp.pad(w, widths)
-
-
-def served_mx_weight(w: jax.Array, axis: int, fmt: str = "e4m3", *,
-                     scale_rule: str = "rceil", block_size: int = MX_BLOCK) -> jax.Array:
-  """The MX-served weight: float32 values of ``w`` quantized-dequantized in 1 x
-  ``block_size`` blocks along the contraction ``axis`` (E8M0 scales), the axis
-  zero-padded to a multiple of the block first and cropped back after.
-
-  The default rule (RCEIL) and format (E4M3) are those of the ``mxfp8`` recipe, so
-  its forward GEMM re-quantizes the served weight to the same values.
-  """
-  w = jnp.asarray(w)
-  axis = axis % w.ndim
-  q = blockscale.quantize_dequantize_mx(pad_contraction(w, axis, block_size), fmt,
-                                        block_size=block_size, axis=axis,
-                                        scale_rule=scale_rule)
-  return jax.lax.slice_in_dim(q, 0, w.shape[axis], axis=axis)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "block_size"))
@@ -587,7 +480,7 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
                                 mask, pair=pair, tolerances=tolerances))
   m.update(check_finite(served))
   blocks, tensors, lo, hi = 0.0, 0.0, np.inf, -np.inf
-  for n, leaf in param_paths(served).items():
+  for n, leaf in tree_paths.named_leaves(served).items():
     recipe = served_plan.get(n)
     if recipe not in mx_formats:
       continue

@@ -6,7 +6,7 @@ import time
 
 from experiments.common.results import append_result
 from launch.local_runner import default_parallelism, run_local
-from launch.sweep_spec import RunSpec
+from launch.manifest import RunSpec
 
 
 def _spec(tmp_path, i, code):

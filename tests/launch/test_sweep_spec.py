@@ -8,23 +8,25 @@ import sys
 
 import pytest
 
-from experiments.lm import LMConfig
-from launch import sweeps
+from experiments.lm.experiment import LMConfig
+from launch import registry
 from launch.slurm import SlurmOptions, write_array_script
 from launch.sweep import prepare
-from launch.sweep_spec import Arm, Sweep, expand, read_manifest, swept_hparams, write_manifest
+from experiments.common.sweep_data import read_manifest
+from experiments.common.sweep_spec import Arm, Sweep
+from launch.manifest import expand, swept_hparams, write_manifest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments.common.repo_paths import REPO_DIR as REPO
 
 
 def test_registry():
-  assert {"lm_recipes", "lm_builtin_recipes"} <= set(sweeps.names())
+  assert {"lm_recipes", "lm_builtin_recipes"} <= set(registry.names())
   with pytest.raises(KeyError, match="known"):
-    sweeps.get("nope")
+    registry.get("nope")
 
 
 def test_expand_lm_recipes(tmp_path):
-  sweep = sweeps.get("lm_recipes")
+  sweep = registry.get("lm_recipes")
   runs = expand(sweep, str(tmp_path))
   assert [(r.arm, r.seed) for r in runs] == [("bf16", 0), ("bf16", 1), ("mxfp8", 0),
                                             ("mxfp8", 1)]
@@ -40,7 +42,7 @@ def test_expand_lm_recipes(tmp_path):
 
 
 def test_overrides_and_validation(tmp_path):
-  sweep = sweeps.get("lm_builtin_recipes")
+  sweep = registry.get("lm_builtin_recipes")
   _, runs = prepare(sweep, str(tmp_path), ["num_steps=7", "d_model=16"])
   assert all(r.config["num_steps"] == 7 and r.config["d_model"] == 16 for r in runs)
   assert {r.run_name for r in runs}.isdisjoint(
@@ -63,7 +65,7 @@ def test_overrides_and_validation(tmp_path):
 
 
 def test_manifest_roundtrip(tmp_path):
-  sweep = sweeps.get("lm_builtin_recipes")
+  sweep = registry.get("lm_builtin_recipes")
   runs = expand(sweep, str(tmp_path))
   write_manifest(sweep, runs, str(tmp_path))
   lines = read_manifest(str(tmp_path))
@@ -86,14 +88,15 @@ def test_cli_dry_run_prints_commands_and_writes_nothing(tmp_path):
 
 
 def test_slurm_array_script(tmp_path):
-  runs = expand(sweeps.get("lm_builtin_recipes"), str(tmp_path))
+  runs = expand(registry.get("lm_builtin_recipes"), str(tmp_path))
   path = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(max_concurrent=2,
                                                                      gpus_per_task=1))
   text = open(path).read()
   assert "#SBATCH --array=0-3%2" in text and "#SBATCH --gpus-per-task=1" in text
   assert "SLURM_ARRAY_TASK_ID + 1" in text and "srun" not in text
   commands = open(tmp_path / "commands.txt").read().splitlines()
-  assert commands == [r.shell_command() for r in runs]
+  # The interpreter that wrote the script replaces the manifest's `python`.
+  assert commands == [r.shell_command().replace("python", sys.executable, 1) for r in runs]
   assert subprocess.run(["bash", "-n", path]).returncode == 0
   multi = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(nodes=2))
   assert 'srun bash -c "${CMD}"' in open(multi).read()

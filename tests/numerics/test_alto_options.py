@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import blockscale, clipping, dge, macro_scaling, qdot, quantizer
+from numerics import blockscale, clipping, dge, macro_scaling, operator_snr, qdot, quantizer
 from numerics import recipes as R
 
 SPEC = quantizer.QuantSpec(fmt="e2m1", block_size=32, scale_rule="alto")
@@ -80,8 +80,8 @@ def test_static_clipping_compensates_exactly_on_representable_data():
 
 
 def test_options_raise_macro_block_snr_and_keep_grads_finite():
-  base = qdot.snr("mxfp4", tokens=256, k=256, n=256)
-  mbs = qdot.snr(R.with_macro_blocks("mxfp4"), tokens=256, k=256, n=256)
+  base = operator_snr.snr("mxfp4", tokens=256, k=256, n=256)
+  mbs = operator_snr.snr(R.with_macro_blocks("mxfp4"), tokens=256, k=256, n=256)
   assert mbs["forward"] > base["forward"] + 0.5
   for r in (R.with_dge("mxfp4"), R.with_dynamic_clipping("mxfp4"),
             R.with_static_clipping("mxfp4")):

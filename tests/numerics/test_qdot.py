@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 import numerics
+from numerics import operator_snr
+from numerics import outlier_data
 from numerics import qdot
 from numerics import recipes
 
@@ -35,8 +37,8 @@ def _mm32(a, b):
 
 def _data(m=64, k=64, n=96, seed=0):
   kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
-  return (qdot.outlier_data(kx, (m, k), 0.01), qdot.outlier_data(kw, (k, n), 0.01),
-          qdot.outlier_data(kg, (m, n), 0.01))
+  return (outlier_data.outlier_data(kx, (m, k), 0.01), outlier_data.outlier_data(kw, (k, n), 0.01),
+          outlier_data.outlier_data(kg, (m, n), 0.01))
 
 
 def _bounded(m=64, k=64, n=96, seed=0):
@@ -178,7 +180,7 @@ def test_rht_with_ragged_tokens_keeps_wgrad_close():
   x, w, g = _data(m=40)  # 40 tokens: zero-padded to 64 for the 32-point RHT
   _, _, dw = _run("mxfp4", x, w, g, jax.random.key(1))
   assert dw.shape == w.shape
-  assert qdot.snr_db(x.T @ g, dw) > 8.0
+  assert operator_snr.snr_db(x.T @ g, dw) > 8.0
 
 
 def test_errors():
@@ -220,7 +222,7 @@ def test_custom_recipe_and_registry():
 
 
 def test_snr_tool_orders_recipes():
-  s = {r: qdot.snr(r, tokens=256, k=256, n=256) for r in
+  s = {r: operator_snr.snr(r, tokens=256, k=256, n=256) for r in
        ("bf16", "mxfp8", "mxfp4_1d2d", "mxfp4_rht", "mxfp4")}
   for r in s:
     assert set(s[r]) == {"forward", "dgrad", "wgrad"}
@@ -236,7 +238,7 @@ def test_mxfp8_operands_match_jax_scaled_dot_general_quantizer():
   # JAX's own MXFP8 quantizer (behind jax.nn.scaled_dot_general) is RCEIL + clip +
   # RNE: our "mxfp8" operand quantization must agree with it bit for bit.
   sm = pytest.importorskip("jax._src.cudnn.scaled_matmul_stablehlo")
-  x = qdot.outlier_data(jax.random.key(0), (1, 64, 128), 0.01)
+  x = outlier_data.outlier_data(jax.random.key(0), (1, 64, 128), 0.01)
   cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
   q, s = sm.quantize(x, cfg)
   theirs = q.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), 32, axis=-1)

@@ -17,14 +17,14 @@ import numerics
 from numerics import encoding
 from numerics import formats
 from numerics import kernels
-from numerics import qdot
+from numerics import outlier_data
 
 COMPILED = os.environ.get("NUMERICS_KERNEL_COMPILED") == "1"
 MODE = dict(interpret=False, use_kernel=True) if COMPILED else dict(interpret=True)
 
 
 def _x(shape, seed=0, rate=0.01):
-  return qdot.outlier_data(jax.random.key(seed), shape, rate)
+  return outlier_data.outlier_data(jax.random.key(seed), shape, rate)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8"])

@@ -1,0 +1,151 @@
+"""ALTO in miniature: a small mixture-of-experts LM on Shakespeare, trained with a recipe.
+
+    python -m experiments.alto                                   # mxfp4 (RHT + SR)
+    python -m experiments.alto --recipe=mxfp4 --deoscillation --workdir=runs/alto/deosc
+    python -m experiments.alto --recipe=mxfp4 --recipe_options=dge
+    python -m launch.sweep --sweep=alto                          # the ablation table
+
+The model is :class:`models.transformer.DecoderLM` with a top-k MoE feed-forward in every
+block; the recipe quantizes the attention projections and the grouped expert GEMMs, and
+the router, attention products and LM head stay bf16 (ALTO's convention,
+:func:`experiments.common.recipe_flag.make_model_dot_generals`). ``--recipe_options``
+adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
+``with_dge``, ``with_static_clipping``, ``with_dynamic_clipping``,
+``with_macro_blocks``); ``--deoscillation`` chains
+:func:`numerics.optim.deoscillation.deoscillate` after AdamW, masked to the quantized
+weights, with the recipe's forward weight quantizer. Training, logging, checkpointing
+and resume are :func:`experiments.lm.train_and_evaluate`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import optax
+
+from experiments.lm import experiment as lm
+from experiments.common import recipe_flag
+from experiments.common.config_flags import config_field
+from experiments.common.run_options import RunOptions
+from models.transformer import TransformerConfig
+from numerics import qdot
+from numerics import recipes as recipes_lib
+from numerics.optim.deoscillation import DeoscillationState, deoscillate
+
+EXPERIMENT = "alto"
+RECIPE_OPTIONS = ("dge", "static_clip", "dynamic_clip", "macro_block")
+
+
+@dataclasses.dataclass(frozen=True)
+class AltoConfig(lm.LMConfig):
+  """An ALTO run: the LM run's fields plus the MoE shape, recipe options and OsciReset."""
+
+  recipe: str = config_field(
+      "mxfp4", "Base recipe of the projections and expert GEMMs: bf16, or one of "
+      "numerics.recipes.names() (mxfp4_1d2d; mxfp4_rht = + RHT; mxfp4 = + RHT + SR; nvfp4).")
+  seq_len: int = config_field(64, "Tokens per training window.")
+  d_model: int = config_field(128, "Model width.")
+  num_layers: int = config_field(2, "Transformer blocks (each with an MoE feed-forward).")
+  d_ff: int = config_field(128, "Hidden width of each expert.")
+  num_steps: int = config_field(600, "Training steps.")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.")
+  warmup_steps: int = config_field(50, "Linear warmup steps, then cosine decay to 10%.")
+  eval_every: int = config_field(50, "Evaluate on validation every N steps (and at the end).")
+  histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.")
+  num_experts: int = config_field(8, "Experts per MoE feed-forward.")
+  experts_per_token: int = config_field(2, "Top-k experts per token.")
+  moe_capacity_factor: float = config_field(1.25, "Expert slots = factor * tokens * k / E.")
+  moe_balance_coef: float = config_field(0.01, "Weight of the load-balancing loss.")
+  recipe_options: str = config_field(
+      "", "Comma-separated recipe options: " + ", ".join(RECIPE_OPTIONS) + " (ALTO's "
+      "negative results; '' for none).")
+  dge_k: int = config_field(5, "DGE surrogate sharpness k.")
+  dge_clamp: float = config_field(3.0, "DGE derivative clamp [0, clamp].")
+  static_clip_factor: float = config_field(0.75, "Static clipping: x factor before, "
+                                           "/ factor after each GEMM operand.")
+  macro_block: int = config_field(128, "Macro-block size of the macro_block option.")
+  deoscillation: bool = config_field(False, "Chain weight de-oscillation after AdamW.")
+  deosc_period: int = config_field(50, "De-oscillation window P (steps).")
+  deosc_ratio: float = config_field(4.0, "Snap elements with d_Q / d_w >= this ratio.")
+  deosc_start: int = config_field(150, "Optimizer steps before the first window.")
+
+  def __post_init__(self):
+    super().__post_init__()
+    unknown = set(self.option_list) - set(RECIPE_OPTIONS)
+    if unknown:
+      raise ValueError(f"unknown recipe_options {sorted(unknown)}; known: "
+                       f"{', '.join(RECIPE_OPTIONS)}")
+    if self.num_experts < 1:
+      raise ValueError(f"num_experts must be >= 1, got {self.num_experts}")
+    if self.option_list and self.recipe in ("fp32", "bf16"):
+      raise ValueError(f"recipe_options need a quantized recipe, got {self.recipe!r}")
+    recipe = self.build_recipe()  # fails early on an inconsistent option combination
+    if self.deoscillation and recipe.forward.rhs is None:
+      raise ValueError(f"deoscillation needs a recipe that quantizes the forward "
+                       f"weight, got {self.recipe!r}")
+
+  @property
+  def option_list(self) -> tuple[str, ...]:
+    return tuple(o for o in (p.strip() for p in self.recipe_options.split(",")) if o)
+
+  def build_recipe(self) -> recipes_lib.Recipe:
+    """The base recipe with the options applied (in RECIPE_OPTIONS order)."""
+    if self.recipe == "fp32":
+      raise ValueError("use bf16 as the unquantized baseline (fp32 has no Recipe)")
+    recipe = recipes_lib.get(self.recipe)
+    options = self.option_list
+    if "dge" in options:
+      recipe = recipes_lib.with_dge(recipe, self.dge_k, self.dge_clamp)
+    if "static_clip" in options:
+      recipe = recipes_lib.with_static_clipping(recipe, self.static_clip_factor)
+    if "dynamic_clip" in options:
+      recipe = recipes_lib.with_dynamic_clipping(recipe)
+    if "macro_block" in options:
+      recipe = recipes_lib.with_macro_blocks(recipe, self.macro_block)
+    return recipe
+
+  def transformer_config(self, vocab_size: int) -> TransformerConfig:
+    return dataclasses.replace(
+        super().transformer_config(vocab_size), num_experts=self.num_experts,
+        experts_per_token=self.experts_per_token,
+        moe_capacity_factor=self.moe_capacity_factor,
+        moe_balance_coef=self.moe_balance_coef)
+
+  def model_dot_generals(self) -> dict[str, Any]:
+    return recipe_flag.make_model_dot_generals(self.build_recipe())
+
+  def optimizer(self) -> optax.GradientTransformation:
+    base = lm.make_optimizer(self)
+    if not self.deoscillation:
+      return base
+    deosc = deoscillate(qdot.forward_weight_quantizer(self.build_recipe()),
+                        period=self.deosc_period, ratio=self.deosc_ratio,
+                        start_step=self.deosc_start)
+    return optax.chain(base, optax.masked(deosc, quantized_weight_mask))
+
+  def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
+    if not self.deoscillation:
+      return {}
+    states = [s for s in jax.tree.leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, DeoscillationState))
+              if isinstance(s, DeoscillationState)]
+    return {"deosc/snapped": states[0].snapped}
+
+
+def quantized_weight_mask(params: Any) -> Any:
+  """True on the weights the recipe quantizes: the blocks' projection kernels and the
+  expert weights; False on embeddings, norms, the router and the LM head."""
+
+  def quantized(path, _):
+    names = [str(getattr(k, "key", k)) for k in path]
+    in_block = names[0].startswith("block_")
+    return in_block and "router" not in names and names[-1] in ("kernel", "w_in", "w_out")
+
+  return jax.tree_util.tree_map_with_path(quantized, params)
+
+
+def train_and_evaluate(config: AltoConfig, options: RunOptions) -> dict[str, Any]:
+  """Trains and evaluates one ALTO run; returns its summary (see experiments.lm)."""
+  return lm.train_and_evaluate(config, options, experiment=EXPERIMENT)

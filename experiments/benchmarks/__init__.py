@@ -1,0 +1,5 @@
+"""Benchmarks of the library, as ratios measured in one run (scripts, not tests).
+
+    python -m experiments.benchmarks.numerics_throughput   # cast / quantize vs a copy
+    python -m experiments.benchmarks.qtrain_step           # a train step per recipe vs bf16
+"""

@@ -1,0 +1,207 @@
+"""The RL run on the shared train loop: sampler sync, rollouts and the GRPO update.
+
+One update of :func:`train_and_evaluate` is one step of
+:func:`experiments.common.train_loop.run_loop` (so checkpoint/resume, preemption,
+logging and progress are the supervised experiments'):
+
+1. every ``refresh_interval`` updates the sampler is re-synced: the config's
+   ``exporter`` turns the learner's weights into the served copy (a
+   :class:`numerics.rl.sampler_copy.SamplerCopy` at the learner's step) and the
+   ``sync_monitor`` runs its host-side checks and metrics on it;
+2. fresh problems (a pure function of ``(seed, update)``) are sampled in groups from
+   the sampler's copy at the sampler's temperature, recording the behaviour log-probs;
+3. one learner step on :func:`numerics.rl.policy_loss.grpo_loss` with group
+   advantages, the configured importance correction and normaliser.
+
+The first update of a process runs Pan's harness checks
+(:mod:`experiments.common.rl.harness_checks`). Sampling keys and the export's random
+bits are functions of ``(seed, update)``, so ``--resume`` continues bit for bit.
+
+Logged per update: ``train/*`` (loss terms, IS and mismatch statistics, reward),
+``rl/*`` (staleness, cycle step, sampler version, refresh), ``perf/update_s`` and the
+monitor's tags; ``eval/greedy_accuracy`` every ``eval_every`` updates and at update 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments.common import arithmetic_task as task
+from experiments.common import run_metadata
+from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.results import finish_run, loop_metrics, run_summary
+from experiments.common.rl import harness_checks
+from experiments.common.rl.config import RLConfig, make_model
+from experiments.common.rl.warm_start import greedy_accuracy, warm_start
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
+from models import sampling
+from numerics.rl import advantages as advantages_lib
+from numerics.rl import policy_loss
+from numerics.rl import sampler_copy
+
+# The held-out problems of the learner's evaluation (a fixed set, the same for every arm).
+EVAL_POSITION = 1
+
+
+class RLState(NamedTuple):
+  """The loop's checkpointed state: the learner (``params``, ``opt_state``), the sampler's
+  copy, the export's state (e.g. an error-feedback residual) and the per-update mean
+  reward (float32[num_updates], filled as updates run)."""
+
+  params: Any
+  opt_state: Any
+  sampler: sampler_copy.SamplerCopy
+  export_state: Any
+  rewards: jax.Array
+
+
+def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
+                       ) -> dict[str, Any]:
+  """Runs the warm start and ``config.num_updates`` GRPO updates; returns the summary.
+
+  ``experiment`` names the run (its default workdir, metadata and results row).
+  """
+  options = resolve_run_options(options, experiment, config)
+  t0 = time.time()
+  model = config.learner_model()
+  apply = lambda prm, t, k: model.apply({"params": prm}, t, k)
+  sampler_net = config.sampler_model()
+  sampler_apply = lambda prm, t, k: sampler_net.apply(
+      {"params": jax.tree.map(lambda x: x.astype(jnp.float32), prm)}, t, k)
+  warm, warm_info = warm_start(config, make_model(config))
+  exporter = config.exporter()
+  monitor = config.sync_monitor()
+  optimizer = config.optimizer()
+  prompt_len = task.prompt_length(config.digits)
+  num_new = task.answer_length(config.digits)
+  key = jax.random.PRNGKey(config.seed)
+  export_key = jax.random.fold_in(key, 1 << 30)  # the export's bits, apart from sampling's
+  export_fn = jax.jit(exporter.export)
+
+  def fresh() -> Snapshot:
+    master = config.initial_master(warm)
+    export_state = exporter.init(master)
+    served, export_state = export_fn(master, export_state,
+                                     jax.random.fold_in(export_key, 0))
+    state = RLState(master, optimizer.init(master),
+                    sampler_copy.initial_copy(served, lambda p: p, 0), export_state,
+                    jnp.zeros((config.num_updates,), jnp.float32))
+    return Snapshot(state, key, 0, 0)
+
+  @jax.jit
+  def draw(sampler_params, prompts, key):
+    return sampling.sample(sampler_apply, sampler_params, prompts, num_new, key,
+                           **config.sampler_kwargs)
+
+  def loss_fn(p, tokens, behaviour_logp, adv, mask, served):
+    learner_logp = sampling.sequence_log_probs(apply, config.loss_params(p, served),
+                                               tokens, prompt_len, jax.random.PRNGKey(0))
+    proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
+                else None)
+    return policy_loss.grpo_loss(
+        learner_logp, behaviour_logp, adv, mask, is_method=config.is_method,
+        is_cap=config.is_cap, is_lo=config.is_lo, is_hi=config.is_hi,
+        clip_eps=config.clip_eps, normalization=config.normalization,
+        norm_constant=float(mask.size), proximal_logp=proximal)
+
+  @jax.jit
+  def learner_update(p, opt_state, tokens, behaviour_logp, adv, mask, served):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        p, tokens, behaviour_logp, adv, mask, served)
+    updates, opt_state = optimizer.update(grads, opt_state, p)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return optax.apply_updates(p, updates), opt_state, metrics
+
+  checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
+  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
+                                workdir=options.workdir)
+  writer = MetricWriter(options.workdir)
+  run_metadata.write_run_metadata(options.workdir, config, options,
+                                  {"experiment": experiment, "warm_start": warm_info})
+  if start.step == 0:
+    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+    if monitor is not None:
+      writer.write_scalars(0, monitor.on_sync(0, start.state.params, None,
+                                              start.state.sampler))
+  # Harness check: the batch queue never repeats a batch (rebuilt for a resumed run).
+  seen = {harness_checks.update_fingerprint(config, u) for u in range(start.step)}
+
+  def batch_at(update: int) -> dict[str, Any]:
+    batch = task.grouped_prompts(seed=config.seed, position=update,
+                                 num_prompts=config.prompts_per_update,
+                                 group_size=config.group_size, digits=config.digits)
+    return {**batch, "update": update}
+
+  def rl_step(state: RLState, batch: dict[str, Any], step_key: jax.Array
+              ) -> tuple[RLState, dict[str, Any]]:
+    del step_key  # every key is a function of (seed, update): see the module docstring
+    update = batch["update"]
+    t_update = time.perf_counter()
+    sampler, export_state, sync_metrics = state.sampler, state.export_state, {}
+    if bool(sampler_copy.refresh_needed(sampler, update, config.refresh_interval)):
+      served, export_state = export_fn(state.params, export_state,
+                                       jax.random.fold_in(export_key, update))
+      previous, sampler = sampler, sampler_copy.SamplerCopy(
+          served, jnp.asarray(update, jnp.int32), sampler.syncs + 1)
+      if monitor is not None:
+        sync_metrics = monitor.on_sync(update, state.params, previous, sampler)
+    fingerprint = harness_checks.batch_fingerprint(batch["prompts"][::config.group_size])
+    if fingerprint in seen:
+      raise RuntimeError(f"update {update}: batch {fingerprint} was already used")
+    seen.add(fingerprint)
+    samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
+                   jax.random.fold_in(key, update))
+    completions = np.asarray(samples.tokens[:, prompt_len:])
+    reward = task.rewards(completions, batch["answers"])
+    mask = task.completion_mask(completions)
+    adv = advantages_lib.group_advantages(jnp.asarray(reward), config.group_size)
+    if update == start.step:
+      harness_checks.check_harness(config, apply, sampler_apply, state.params, sampler,
+                                   samples, adv, mask, loss_fn, prompt_len)
+    params, opt_state, metrics = learner_update(
+        state.params, state.opt_state, samples.tokens, samples.logp, adv,
+        jnp.asarray(mask), sampler.params)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks
+    metrics.update({
+        "reward": float(reward.mean()),
+        "rl/staleness": int(sampler_copy.staleness(sampler, update)),
+        "rl/cycle_step": update % config.refresh_interval,
+        "rl/sampler_version": int(sampler.version),
+        "rl/refreshed": float(update % config.refresh_interval == 0),
+        "perf/update_s": time.perf_counter() - t_update, **sync_metrics})
+    rewards = state.rewards.at[update].set(float(reward.mean()))
+    return RLState(params, opt_state, sampler, export_state, rewards), metrics
+
+  def evaluate(params) -> dict[str, float]:
+    return greedy_accuracy(model, params, config, position=EVAL_POSITION)
+
+  settings = LoopSettings(num_steps=config.num_updates, log_every=config.log_every,
+                          eval_every=config.eval_every,
+                          checkpoint_every=config.checkpoint_every, histogram_every=0,
+                          progress_every_s=config.progress_every_s,
+                          stop_at_step=options.stop_at_step)
+  result = run_loop(start=start, train_step=rl_step, batch_at=batch_at, settings=settings,
+                    writer=writer, checkpointer=checkpointer, evaluate=evaluate)
+  checkpointer.close()
+  done = result.snapshot.step
+  rewards = np.asarray(result.snapshot.state.rewards)
+  last = max(1, config.num_updates // 4)
+  metrics = {**loop_metrics(result),
+             "reward/mean_over_training": float(np.mean(rewards[:done])),
+             "reward/last_quarter": float(np.mean(rewards[max(done - last, 0):done])),
+             "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
+  summary = run_summary(experiment, options, config, result, start_time=t0,
+                        num_params=sum(x.size for x in jax.tree.leaves(warm)),
+                        resumed_from_step=start.step, metrics=metrics,
+                        first_batch=harness_checks.update_fingerprint(config, 0))
+  finish_run(writer, options.results_file, summary, completed=result.completed, step=done)
+  return summary

@@ -1,0 +1,89 @@
+"""The RL runs' starting policy and their evaluation.
+
+:func:`warm_start` fine-tunes the task model with supervision (cached under
+``pretrain_dir`` by the hash of everything that defines it, so every arm that shares
+the warm-start fields starts from the same policy); :func:`greedy_accuracy` is the
+learner's exact-match accuracy with greedy decoding on fixed held-out problems.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments.common import arithmetic_task as task
+from experiments.common.rl.config import RLConfig
+from models import sampling
+from models.transformer import DecoderLM, next_token_loss
+
+
+def _pretrain_fields(config: RLConfig) -> dict[str, Any]:
+  keys = ("digits", "d_model", "num_layers", "num_heads", "d_ff", "pretrain_seed",
+          "pretrain_steps", "pretrain_batch", "pretrain_lr")
+  return {k: getattr(config, k) for k in keys}
+
+
+def warm_start(config: RLConfig, model: DecoderLM) -> tuple[Any, dict[str, float]]:
+  """The supervised warm-start params (cached) and their greedy accuracy."""
+  fields = _pretrain_fields(config)
+  digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+  path = os.path.join(config.pretrain_dir, f"{digest}.npz")
+  key = jax.random.PRNGKey(config.pretrain_seed)
+  length = task.prompt_length(config.digits) + task.answer_length(config.digits) - 1
+  params = model.init(key, jnp.zeros((1, length), jnp.int32), key)["params"]
+  leaves, treedef = jax.tree.flatten(params)
+  if os.path.exists(path):
+    with np.load(path) as f:
+      return jax.tree.unflatten(treedef, [jnp.asarray(f[f"p{i}"]) for i in
+                                          range(len(leaves))]), json.loads(str(f["info"]))
+  optimizer = optax.adamw(config.pretrain_lr, weight_decay=0.0)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    def loss_fn(p):
+      logits = model.apply({"params": p}, batch["inputs"], key)
+      return next_token_loss(logits, batch["targets"], batch["mask"])[0]
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  opt_state = optimizer.init(params)
+  for i in range(config.pretrain_steps):
+    batch = task.supervised_batch(seed=config.pretrain_seed + 10_000, position=i,
+                                  batch_size=config.pretrain_batch, digits=config.digits)
+    params, opt_state, loss = step(params, opt_state, batch)
+  info = {"pretrain_loss": float(loss) if config.pretrain_steps else float("nan"),
+          **greedy_accuracy(model, params, config, position=0)}
+  os.makedirs(config.pretrain_dir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp.npz"
+  np.savez(tmp, info=json.dumps(info), **{f"p{i}": np.asarray(x) for i, x in
+                                          enumerate(jax.tree.leaves(params))})
+  os.replace(tmp, path)  # atomic: parallel arms may race to write the same cache
+  return params, info
+
+
+def greedy_accuracy(model: DecoderLM, params: Any, config: RLConfig,
+                    position: int) -> dict[str, float]:
+  """Exact-match accuracy of greedy (top-1) decoding on held-out problems (a fixed
+  set per ``position``, drawn from the warm-start seed so every arm sees the same)."""
+  p = task.problems(seed=config.pretrain_seed + 20_000, position=position,
+                    batch_size=config.eval_problems, digits=config.digits)
+  out = _greedy(model, params, jnp.asarray(p["prompts"]),
+                task.answer_length(config.digits))
+  completions = np.asarray(out)[:, task.prompt_length(config.digits):]
+  return {"greedy_accuracy": float(task.rewards(completions, p["answers"]).mean())}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _greedy(model, params, prompts, num_new):
+  apply = lambda prm, t, k: model.apply({"params": prm}, t, k)
+  return sampling.sample(apply, params, prompts, num_new, jax.random.PRNGKey(0),
+                         top_k=1).tokens

@@ -1,0 +1,186 @@
+"""Statistics for sweep reports: spread over seeds, paired differences and their tests.
+
+Used by the report builder (``launch.report``) and by the papers' report appendices
+(``experiments/<paper>/appendix.py``), which may not import ``launch``. Differences are
+paired by seed (each arm's seed s shares data order, initialisation and keys with the
+baseline's seed s), so the t-interval is on the per-seed differences.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, NamedTuple, Sequence
+
+import numpy as np
+from scipy import stats
+
+
+class Summary(NamedTuple):
+  mean: float
+  std: float  # sample standard deviation (ddof=1); nan for n < 2
+  n: int
+
+
+class Interval(NamedTuple):
+  """A mean and its t-based confidence interval over seeds."""
+
+  mean: float
+  ci_low: float
+  ci_high: float
+  n: int
+
+
+class PairedDifference(NamedTuple):
+  """``arm - baseline`` over the seeds both completed: mean, t-interval and t-test.
+
+  ``t``/``p``: the paired t statistic and its two-sided p-value (n - 1 degrees of
+  freedom; inf/0 when every difference is equal and non-zero, nan for all-zero
+  differences or n < 2). ``wins``/``ties``: seeds where the difference is > 0 / == 0.
+  """
+
+  mean: float
+  ci_low: float
+  ci_high: float
+  n: int
+  seeds: tuple[int, ...]
+  t: float = math.nan
+  p: float = math.nan
+  wins: int = 0
+  ties: int = 0
+
+  @property
+  def df(self) -> int:
+    return self.n - 1
+
+  @property
+  def excludes_zero(self) -> bool:
+    """The interval lies strictly on one side of 0 (needs n >= 2)."""
+    return self.n >= 2 and (self.ci_low > 0 or self.ci_high < 0)
+
+
+class Equivalence(NamedTuple):
+  """Paired TOST (two one-sided t-tests) of ``|arm - baseline| < margin``.
+
+  ``p`` is the larger of the two one-sided p-values; equivalence is shown at level
+  ``alpha`` when ``p < alpha``, i.e. when the ``1 - 2 alpha`` interval
+  ``[ci_low, ci_high]`` lies inside ``(-margin, margin)``.
+  """
+
+  mean: float
+  ci_low: float
+  ci_high: float
+  margin: float
+  p: float
+  n: int
+
+  def equivalent(self, alpha: float = 0.05) -> bool:
+    return self.n >= 2 and self.p < alpha
+
+
+def _t_half(sd: float, n: int, confidence: float) -> float:
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  return float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+
+
+def summarize(values: Sequence[float]) -> Summary:
+  """Mean and sample std of finite ``values`` (non-finite values are an error)."""
+  x = np.asarray(values, dtype=np.float64)
+  if x.ndim != 1:
+    raise ValueError(f"expected a 1-D sequence, got shape {x.shape}")
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"non-finite values: {values}")
+  if x.size == 0:
+    return Summary(math.nan, math.nan, 0)
+  return Summary(float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else math.nan, int(x.size))
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+  """Mean ± ``t_{(1+c)/2, n-1} sd / sqrt(n)`` of ``values`` (nan interval for n < 2)."""
+  s = summarize(values)
+  if s.n == 0:
+    raise ValueError("need at least one value")
+  if s.n < 2:
+    return Interval(s.mean, math.nan, math.nan, 1)
+  half = _t_half(s.std, s.n, confidence)
+  return Interval(s.mean, s.mean - half, s.mean + half, s.n)
+
+
+def format_spread(values: Sequence[float | None], digits: int = 4, scale: float = 1.0, *,
+                  empty: str = "n/a") -> str:
+  """``"mean ± sample std"`` of the finite ``values`` times ``scale`` (just the value
+  for one; ``empty`` for none), for report tables."""
+  xs = [x * scale for x in values if x is not None and math.isfinite(x)]
+  if not xs:
+    return empty
+  if len(xs) == 1:
+    return f"{xs[0]:.{digits}f}"
+  return f"{np.mean(xs):.{digits}f} ± {np.std(xs, ddof=1):.{digits}f}"
+
+
+def _paired(arm: Mapping[int, float], baseline: Mapping[int, float]
+            ) -> tuple[tuple[int, ...], np.ndarray]:
+  seeds = tuple(sorted(set(arm) & set(baseline)))
+  return seeds, np.asarray([arm[s] - baseline[s] for s in seeds], dtype=np.float64)
+
+
+def paired_difference(arm: Mapping[int, float], baseline: Mapping[int, float],
+                      confidence: float = 0.95) -> PairedDifference:
+  """Paired ``arm - baseline`` by seed: ``mean ± t_{(1+c)/2, n-1} * sd / sqrt(n)`` and
+  the paired t-test. Only seeds present in both are paired; with fewer than two pairs
+  the interval and the test are undefined (nan)."""
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  seeds, d = _paired(arm, baseline)
+  if d.size == 0:
+    return PairedDifference(math.nan, math.nan, math.nan, 0, seeds)
+  mean = float(d.mean())
+  wins, ties = int(np.sum(d > 0)), int(np.sum(d == 0))
+  if d.size < 2:
+    return PairedDifference(mean, math.nan, math.nan, 1, seeds, wins=wins, ties=ties)
+  n, sd = int(d.size), float(d.std(ddof=1))
+  half = _t_half(sd, n, confidence)
+  if sd > 0:
+    t = mean / (sd / math.sqrt(n))
+    p = float(2 * stats.t.sf(abs(t), n - 1))
+  else:
+    t, p = (math.nan, math.nan) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+  return PairedDifference(mean, mean - half, mean + half, n, seeds, float(t), p, wins, ties)
+
+
+def paired_equivalence(arm: Mapping[int, float], baseline: Mapping[int, float],
+                       margin: float, alpha: float = 0.05) -> Equivalence:
+  """Paired TOST of ``-margin < arm - baseline < margin`` (margin stated in advance).
+
+  The two one-sided t-tests on the per-seed differences (n - 1 degrees of freedom);
+  the reported interval is the ``1 - 2 alpha`` t-interval of the mean difference.
+  """
+  if not margin > 0:
+    raise ValueError(f"margin must be > 0, got {margin}")
+  if not 0.0 < alpha < 0.5:
+    raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+  _, d = _paired(arm, baseline)
+  if d.size < 2:
+    return Equivalence(float(d.mean()) if d.size else math.nan, math.nan, math.nan,
+                       margin, math.nan, int(d.size))
+  n, mean, sd = int(d.size), float(d.mean()), float(d.std(ddof=1))
+  se = sd / math.sqrt(n)
+  if se == 0:
+    p = 0.0 if abs(mean) < margin else 1.0
+  else:
+    p_low = float(stats.t.sf((mean + margin) / se, n - 1))   # H0: mean <= -margin
+    p_high = float(stats.t.cdf((mean - margin) / se, n - 1))  # H0: mean >= +margin
+    p = max(p_low, p_high)
+  half = _t_half(sd, n, 1 - 2 * alpha)
+  return Equivalence(mean, mean - half, mean + half, margin, p, n)
+
+
+def sign_test(differences: Sequence[float]) -> tuple[int, int, float]:
+  """``(positives, non-zero count, two-sided exact binomial p)`` of ``differences``
+  (zeros are dropped, as in the classical sign test)."""
+  d = np.asarray(differences, np.float64)
+  d = d[d != 0]
+  if d.size == 0:
+    return 0, 0, math.nan
+  k = int(np.sum(d > 0))
+  return k, int(d.size), float(stats.binomtest(k, int(d.size), 0.5).pvalue)

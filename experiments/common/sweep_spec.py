@@ -1,0 +1,84 @@
+"""A sweep's declaration: a base config, ablation arms and seeds (data, no machinery).
+
+Each paper declares its sweeps in ``experiments/<paper>/sweeps.py`` with these types;
+``launch`` expands them into runs (``launch.manifest``), runs them and builds the report.
+The declaration lives here, below ``launch``, because the papers' folders may not import
+``launch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from experiments.common.config_flags import replace_checked
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One ablation arm: a name and the config fields it changes."""
+
+  name: str
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """An ablation: ``arms x seeds`` runs of ``module`` from ``base``.
+
+  Attributes:
+    name: the sweep's registry name.
+    module: the experiment entry point, run as ``python -m <module>``.
+    base: the experiment's config instance every run starts from.
+    arms: the ablation arms; ``baseline`` names the one differences are taken against.
+    seeds: the evaluation seeds: each arm runs once per seed (set in the config field
+      ``seed_field``).
+    calibration_seeds: seeds that were used to choose something before the sweep (a
+      learning rate, a task difficulty). They may never be evaluation seeds; a run on
+      one (``launch.sweep --seeds`` with ``--allow_calibration_seeds``) is kept out of
+      the report's statistics.
+    metrics: result metrics the report tabulates (lower is better unless listed in
+      ``higher_is_better``); the first is the headline metric.
+    curves: TensorBoard scalar tags the report plots.
+    appendix: ``"module:function"``; ``function(sweep_dir) -> markdown`` is appended
+      to the report (sweep-specific tables computed from the runs' data).
+    report_dir: where the committed evidence of this sweep lives, relative to the
+      repository root (``experiments/<paper>/report``); empty if none is committed.
+  """
+
+  name: str
+  module: str
+  base: Any
+  arms: tuple[Arm, ...]
+  seeds: tuple[int, ...]
+  baseline: str
+  metrics: tuple[str, ...] = ("eval/loss",)
+  higher_is_better: tuple[str, ...] = ()
+  curves: tuple[str, ...] = ("train/loss", "eval/loss")
+  seed_field: str = "seed"
+  description: str = ""
+  appendix: str = ""
+  calibration_seeds: tuple[int, ...] = ()
+  report_dir: str = ""
+
+  def __post_init__(self):
+    names = [a.name for a in self.arms]
+    if not names:
+      raise ValueError(f"sweep {self.name!r} has no arms")
+    if len(set(names)) != len(names):
+      raise ValueError(f"sweep {self.name!r} has duplicate arm names: {names}")
+    if self.baseline not in names:
+      raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
+    if self.appendix and self.appendix.count(":") != 1:
+      raise ValueError(f"appendix must be 'module:function', got {self.appendix!r}")
+    if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"sweep {self.name!r} needs distinct seeds, got {self.seeds}")
+    overlap = sorted(set(self.seeds) & set(self.calibration_seeds))
+    if overlap:
+      raise ValueError(f"sweep {self.name!r}: seeds {overlap} were used for calibration "
+                       "and cannot be evaluation seeds")
+    if self.report_dir.startswith("/"):
+      raise ValueError(f"report_dir must be relative to the repository root, got "
+                       f"{self.report_dir!r}")
+    for arm in self.arms:  # fail at declaration, not halfway through a launch
+      replace_checked(self.base, {**arm.overrides, self.seed_field: self.seeds[0]})

@@ -1,0 +1,236 @@
+"""Char-level decoder-only transformer LM on Shakespeare, with a ``--recipe`` per run.
+
+    python -m experiments.lm                   # ~6 min on 2 CPU cores (measured)
+    python -m experiments.lm --recipe=mxfp8    # into runs/lm/recipe=mxfp8
+    python -m experiments.lm --recipe=mxfp8 --resume   # continue a killed run
+
+Writes TensorBoard events, ``config.json`` (config + git commit), orbax checkpoints under
+``<workdir>/checkpoints`` and, when the run completes, one row in ``--results_file``.
+The default workdir is ``runs/lm/<flags that differ from the defaults>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments.common import distributed
+from experiments.common import recipe_flag
+from experiments.common import run_metadata
+from experiments.common import shakespeare
+from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.config_flags import config_field
+from experiments.common.results import finish_run, run_summary
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
+                                           restore_or_initialize, run_loop)
+from experiments.common.weight_inspection import make_inspector
+from models.transformer import DecoderLM, TransformerConfig, next_token_loss
+
+EXPERIMENT = "lm"
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """Everything that defines an LM run's result (its flags; written to config.json)."""
+
+  recipe: str = config_field(
+      "bf16", "Numerics recipe of the linear projections (attention products and the LM "
+      "head stay bf16, as in ALTO): fp32, or any of numerics.recipes.names() (bf16, fp8, "
+      "mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
+  seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.")
+  tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
+  max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).")
+  validation_fraction: float = config_field(0.1, "Last fraction of the text held out.")
+  seq_len: int = config_field(128, "Tokens per training window.")
+  batch_size: int = config_field(32, "Global batch size (split over the data mesh).")
+  d_model: int = config_field(128, "Model width.")
+  num_layers: int = config_field(2, "Transformer blocks.")
+  num_heads: int = config_field(4, "Attention heads.")
+  d_ff: int = config_field(512, "Feed-forward hidden width.")
+  num_steps: int = config_field(1000, "Training steps.")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.")
+  warmup_steps: int = config_field(100, "Linear warmup steps, then cosine decay to 10%.")
+  weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.")
+  beta2: float = config_field(0.95, "AdamW second-moment decay.")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).")
+  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).")
+  eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).")
+  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.")
+  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).")
+  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+
+  def __post_init__(self):
+    for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.warmup_steps < 0 or self.warmup_steps >= self.num_steps:
+      raise ValueError(f"warmup_steps must be in [0, num_steps), got {self.warmup_steps}")
+
+  # Hooks a derived experiment (experiments.alto) overrides; the trainer calls only these.
+  def transformer_config(self, vocab_size: int) -> TransformerConfig:
+    """The model's architecture for a vocabulary of ``vocab_size``."""
+    return TransformerConfig(vocab_size=vocab_size, d_model=self.d_model,
+                             num_layers=self.num_layers, num_heads=self.num_heads,
+                             d_ff=self.d_ff, max_len=self.seq_len)
+
+  def model_dot_generals(self) -> dict[str, Any]:
+    """``DecoderLM`` dot_general keyword arguments (the recipe and what stays bf16)."""
+    return recipe_flag.make_model_dot_generals(self.recipe)
+
+  def optimizer(self) -> optax.GradientTransformation:
+    """The optimizer (see :func:`make_optimizer`)."""
+    return make_optimizer(self)
+
+  def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
+    """Scalars read from the optimizer state after every step (none here)."""
+    del opt_state
+    return {}
+
+
+def make_optimizer(config: LMConfig) -> optax.GradientTransformation:
+  """AdamW with linear warmup + cosine decay, optionally after global-norm clipping."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, max(config.warmup_steps, 1), config.num_steps,
+      end_value=0.1 * config.learning_rate)
+  adam = optax.adamw(schedule, b2=config.beta2, weight_decay=config.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \
+      if config.grad_clip > 0 else adam
+
+
+def hparams_of(config: LMConfig) -> dict[str, Any]:
+  """The config as TensorBoard HParams (every field: the HParams table compares arms)."""
+  return dataclasses.asdict(config)
+
+
+def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.Array]:
+  """``{name: mean over layers}`` of what the model sowed into ``collection``."""
+  grouped: dict[str, list[jax.Array]] = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(variables.get(collection, {}))[0]:
+    name = next(str(k.key) for k in reversed(path) if hasattr(k, "key"))
+    grouped.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
+  return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
+
+
+def train_and_evaluate(config: LMConfig, options: RunOptions,
+                       experiment: str = EXPERIMENT) -> dict[str, Any]:
+  """Trains and evaluates one LM run; returns its summary (metrics and paths).
+
+  The model, recipe and optimizer come from the config's hooks, so a derived config
+  (:class:`experiments.alto.AltoConfig`) reuses this trainer. Losses the model sows
+  (the MoE balance loss) are added to the training loss, summed over layers, and logged
+  per name as ``sown/<name>`` (mean over layers), with sown metrics (``moe_dropped``);
+  validation loss is the next-token loss alone.
+  Safe to call repeatedly in one process (tests); multi-process setup happens once.
+  """
+  distributed.initialize(options.coordinator_address, options.num_processes,
+                         options.process_id, single_process=options.single_process)
+  options = resolve_run_options(options, experiment, config)
+  writer_process = distributed.is_writer()
+  logging.info("process %d/%d, %d local / %d global devices (%s)", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.default_backend())
+
+  splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
+                                   config.max_chars)
+  model = DecoderLM(config.transformer_config(splits.vocab.size),
+                    **config.model_dot_generals())
+  optimizer = config.optimizer()
+  mesh = distributed.data_mesh()
+  replicated = distributed.replicated(mesh)
+
+  def apply(params, inputs, key):
+    return model.apply({"params": params}, inputs, key, mutable=["losses", "metrics"])
+
+  def loss_fn(params, batch, key):
+    logits, sown = apply(params, batch["inputs"], key)
+    loss, accuracy = next_token_loss(logits, batch["targets"])
+    sown_losses = jax.tree.leaves(sown.get("losses", {}))
+    aux = {"accuracy": accuracy}
+    if sown_losses:
+      aux["next_token_loss"] = loss
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
+    return loss + sum(jnp.sum(l) for l in sown_losses), aux
+
+  @functools.partial(jax.jit, out_shardings=replicated)
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    params = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
+                        jax.random.PRNGKey(0))["params"]
+    return init_train_state(params, optimizer), loop_key
+
+  def fresh() -> Snapshot:
+    state, rng = init(jax.random.PRNGKey(config.seed))
+    return Snapshot(state=state, rng=rng, step=0, data_position=0)
+
+  @jax.jit
+  def eval_step(params, batch, key):
+    logits, _ = apply(params, batch["inputs"], key)
+    return next_token_loss(logits, batch["targets"])
+
+  eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
+      splits.validation, num_batches=config.eval_batches, batch_size=config.batch_size,
+      seq_len=config.seq_len)]
+  # A fixed key: stochastic-rounding recipes then evaluate the same way every time.
+  eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
+
+  def evaluate(params) -> dict[str, float]:
+    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
+    loss = float(np.mean([r[0] for r in results]))
+    return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
+            "bits_per_char": loss / np.log(2.0)}
+
+  def batch_at(position: int):
+    return distributed.shard_batch(shakespeare.train_batch(
+        splits.train, seed=config.seed, position=position, batch_size=config.batch_size,
+        seq_len=config.seq_len), mesh)
+
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
+                                workdir=options.workdir)
+  writer = MetricWriter(options.workdir, enabled=writer_process)
+  if writer_process:
+    run_metadata.write_run_metadata(options.workdir, config, options,
+                                    {"experiment": experiment, "vocab_size": splits.vocab.size})
+    if start.step == 0:
+      writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+  n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
+  logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
+               n_params, splits.vocab.size, config.recipe, splits.train.size,
+               splits.validation.size)
+
+  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                          eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                          histogram_every=config.histogram_every,
+                          progress_every_s=config.progress_every_s,
+                          stop_at_step=options.stop_at_step)
+  t0 = time.time()
+  result = run_loop(start=start,
+                    train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics),
+                    batch_at=batch_at, settings=settings, writer=writer,
+                    checkpointer=checkpointer, evaluate=evaluate,
+                    inspect=make_inspector(model.dot_general, skip_prefixes=("head",),
+                                           skip_names=("router",)))
+  checkpointer.close()
+  summary = run_summary(experiment, options, config, result, start_time=t0,
+                        num_params=n_params, resumed_from_step=start.step,
+                        process_count=jax.process_count(),
+                        device_count=jax.device_count())
+  if writer_process:
+    finish_run(writer, options.results_file, summary, completed=result.completed,
+               step=result.snapshot.step)
+  else:
+    writer.close()
+  return summary

@@ -1,0 +1,204 @@
+"""Memoir in miniature: coupled vs read-only pondering on associative recall.
+
+    python -m experiments.memoir --mode=read_only   # ~30 s on one CPU core (~8 s cached)
+    python -m experiments.memoir --mode=coupled --num_steps=960 --workdir=runs/memoir/c960
+
+The model and its design notes (what is the paper's, what is ours) are in
+``models/memoir.py``; the task in ``experiments/recall_task.py``; the sweep in
+``launch/sweep_memoir.py``. Writes TensorBoard events (``train/*``, ``eval/recall``,
+``eval/energy_margin``), ``config.json``, an orbax checkpoint at the end (and every
+``checkpoint_every`` steps) and, when the run completes, one row in ``--results_file``.
+
+The script enables JAX's persistent compilation cache (``$JAX_COMPILATION_CACHE_DIR``,
+default ``<tmp>/jax_cache_memoir``). The task defaults (8 pairs, shared 0.3, query noise
+0.1, lr 1e-3) were picked from four single-seed calibration runs so that 240 steps fall
+near the sharp rise in recall (chance -> ~0.95 between steps 120 and 240 in a 960-step
+schedule), i.e. where a learning-speed difference can show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from absl import logging
+
+from experiments.memoir import recall_task
+from experiments.common import run_metadata
+from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.config_flags import config_field
+from experiments.common.results import finish_run, run_summary
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
+                                           restore_or_initialize, run_loop)
+from models import memoir as memoir_lib
+
+EXPERIMENT = "memoir"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoirExperimentConfig:
+  """Everything that defines a Memoir run's result (its flags; written to config.json)."""
+
+  mode: str = config_field("read_only", "Pondering mode: coupled rewrites the fast memory "
+                           "it reads; read_only keeps it fixed.", choices=memoir_lib.MODES)
+  halting: str = config_field("ponder", "ponder: learned PonderNet halting; fixed: always "
+                              "max_steps.", choices=memoir_lib.HALTINGS)
+  seed: int = config_field(0, "Seed of parameter init, data and per-step keys.")
+  num_pairs: int = config_field(8, "Key-value pairs written per sample.")
+  key_dim: int = config_field(32, "Dimension of the task's keys.")
+  num_values: int = config_field(16, "Distinct value ids (recall chance is 1/num_values).")
+  num_groups: int = config_field(3, "Prototype directions keys share within a sample.")
+  shared: float = config_field(0.3, "Squared weight of the shared prototype in each key.")
+  query_noise: float = config_field(0.1, "Norm of the Gaussian noise added to the query.")
+  d_latent: int = config_field(64, "Pondering latent width.")
+  d_mem: int = config_field(32, "Fast memory is d_mem x d_mem.")
+  d_hidden: int = config_field(320, "Hidden width of the pondering core.")
+  d_pred: int = config_field(128, "Hidden width of the energy predictor.")
+  max_steps: int = config_field(4, "Pondering iterations N.")
+  prior_lambda: float = config_field(0.3, "Halting prior Geometric(prior_lambda).")
+  kl_weight: float = config_field(0.01, "Weight of KL(halting || prior).")
+  energy_weight: float = config_field(0.1, "Weight of the energy hinge loss.")
+  energy_margin: float = config_field(1.0, "Hinge margin between E(neg) and E(pos).")
+  batch_size: int = config_field(64, "Samples per step.")
+  num_steps: int = config_field(240, "Training steps.")
+  learning_rate: float = config_field(1e-3, "Peak AdamW learning rate.")
+  warmup_fraction: float = config_field(0.05, "Warmup as a fraction of num_steps, then "
+                                        "cosine decay to 10% (so budgets share a shape).")
+  weight_decay: float = config_field(0.01, "AdamW decoupled weight decay.")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm (0: off).")
+  eval_every: int = config_field(40, "Evaluate every N steps (and at the end).")
+  eval_batches: int = config_field(8, "Fixed evaluation batches of batch_size samples.")
+  log_every: int = config_field(10, "Write train metrics every N steps.")
+  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+
+  def __post_init__(self):
+    for name in ("batch_size", "num_steps", "eval_batches"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.batch_size < 2:
+      raise ValueError("batch_size must be >= 2 (the energy's negatives come from the batch)")
+    if not 0.0 <= self.warmup_fraction < 1.0:
+      raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+
+  def task(self) -> recall_task.RecallTaskSpec:
+    return recall_task.RecallTaskSpec(
+        num_pairs=self.num_pairs, key_dim=self.key_dim, num_values=self.num_values,
+        num_groups=self.num_groups, shared=self.shared, query_noise=self.query_noise)
+
+  def model(self) -> memoir_lib.MemoirConfig:
+    return memoir_lib.MemoirConfig(
+        key_dim=self.key_dim, num_values=self.num_values, d_latent=self.d_latent,
+        d_mem=self.d_mem, d_hidden=self.d_hidden, d_pred=self.d_pred,
+        max_steps=self.max_steps, mode=self.mode, halting=self.halting,
+        prior_lambda=self.prior_lambda, kl_weight=self.kl_weight,
+        energy_weight=self.energy_weight, energy_margin=self.energy_margin)
+
+
+def make_optimizer(config: MemoirExperimentConfig) -> optax.GradientTransformation:
+  """AdamW, linear warmup + cosine decay to 10%, optional global-norm clipping."""
+  warmup = max(int(round(config.warmup_fraction * config.num_steps)), 1)
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, warmup, max(config.num_steps, warmup + 1),
+      end_value=0.1 * config.learning_rate)
+  adam = optax.adamw(schedule, weight_decay=config.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \
+      if config.grad_clip > 0 else adam
+
+
+def _model_inputs(batch):
+  return batch["keys"], batch["values"], batch["query"]
+
+
+def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> dict[str, Any]:
+  """Trains and evaluates one Memoir run; returns its summary (metrics and paths)."""
+  options = resolve_run_options(options, EXPERIMENT, config)
+  task = config.task()
+  model_config = config.model()
+  model = memoir_lib.Memoir(model_config)
+  optimizer = make_optimizer(config)
+
+  def loss_fn(params, batch, key):
+    del key  # the model is deterministic given the batch
+    outputs = model.apply({"params": params}, *_model_inputs(batch))
+    return memoir_lib.memoir_loss(model_config, outputs, batch["target"])
+
+  example = recall_task.recall_batch(seed=config.seed, position=0, batch_size=2, spec=task)
+
+  @jax.jit
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    params = model.init(init_key, *_model_inputs(example))["params"]
+    return init_train_state(params, optimizer), loop_key
+
+  def fresh() -> Snapshot:
+    state, rng = init(jax.random.PRNGKey(config.seed))
+    return Snapshot(state=state, rng=rng, step=0, data_position=0)
+
+  @jax.jit
+  def eval_step(params, batch):
+    return loss_fn(params, batch, None)[1]
+
+  # The evaluation set depends on the seed only, so both arms see the same queries.
+  eval_data = [jax.device_put(b) for b in recall_task.eval_batches(
+      seed=config.seed, num_batches=config.eval_batches, batch_size=config.batch_size,
+      spec=task)]
+
+  def evaluate(params) -> dict[str, float]:
+    results = jax.device_get([eval_step(params, b) for b in eval_data])
+    names = ("recall", "energy_margin", "e_pos", "e_neg", "ce", "expected_depth",
+             "memory_drift")
+    return {n: float(np.mean([r[n] for r in results])) for n in names}
+
+  def batch_at(position: int):
+    return jax.device_put(recall_task.recall_batch(
+        seed=config.seed, position=position, batch_size=config.batch_size, spec=task))
+
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
+                                workdir=options.workdir)
+  writer = MetricWriter(options.workdir)
+  n_params = memoir_lib.count_params(start.state.params)
+  macs = memoir_lib.forward_macs(model_config, config.num_pairs)
+  run_metadata.write_run_metadata(options.workdir, config, options,
+                                  {"experiment": EXPERIMENT, "num_params": n_params,
+                                   "forward_macs_per_sample": macs})
+  if start.step == 0:
+    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+  logging.info("memoir %s: %d parameters, %d forward MACs/sample", config.mode, n_params,
+               macs)
+
+  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                          eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                          histogram_every=0, progress_every_s=config.progress_every_s,
+                          stop_at_step=options.stop_at_step)
+  t0 = time.time()
+  result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
+                    batch_at=batch_at, settings=settings, writer=writer,
+                    checkpointer=checkpointer, evaluate=evaluate)
+  checkpointer.close()
+  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                        num_params=n_params, resumed_from_step=start.step,
+                        forward_macs_per_sample=macs)
+  finish_run(writer, options.results_file, summary, completed=result.completed,
+             step=result.snapshot.step)
+  return summary
+
+
+def use_compilation_cache() -> None:
+  """Script-only: JAX's persistent compilation cache (``$JAX_COMPILATION_CACHE_DIR``).
+
+  Runs of one sweep arm compile the same programs (only data values differ by seed), so
+  the cache cuts each run's ~25 s of XLA compile on CPU to ~2 s. Library callers
+  (tests) are unaffected.
+  """
+  jax.config.update("jax_compilation_cache_dir", os.environ.get(
+      "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jax_cache_memoir")))

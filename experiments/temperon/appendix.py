@@ -1,0 +1,50 @@
+"""The temperon sweep's report appendix: cost and time-to-target as ratios."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+
+from experiments.common.sweep_data import read_manifest, results_by_run
+from experiments.temperon.sweeps import BASELINE
+
+
+def _mean(xs):
+  xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+  return (float(np.mean(xs)), len(xs)) if xs else (math.nan, 0)
+
+
+def cost_appendix(sweep_dir: str) -> str:
+  """Markdown: per-arm cost and time-to-target as ratios to ``sgd`` and to ``temperon``.
+
+  Ratios of per-arm means over the seeds that have a value (``n`` shown); s/step ratios
+  use each run's own median seconds per step (all runs shared the same 2 cores).
+  """
+  manifest = {m["run_name"]: m for m in read_manifest(sweep_dir)}
+  by_arm: dict[str, list[dict]] = collections.defaultdict(list)
+  for name, row in results_by_run(sweep_dir).items():
+    by_arm[manifest[name]["arm"]].append(row["metrics"])
+  arms = list(dict.fromkeys(m["arm"] for m in manifest.values()))
+  keys = ("cost/grad_evals_per_step", "cost/total_s", "time_to/0.95", "time_to/0.97",
+          "steps_to/0.97")
+  means = {a: {k: _mean([r.get(k) for r in by_arm.get(a, [])]) for k in keys} for a in arms}
+
+  def ratio(a, ref, k):
+    (x, n), (y, _) = means[a][k], means.get(ref, {}).get(k, (math.nan, 0))
+    return ("n/a" if not (math.isfinite(x) and math.isfinite(y) and y) else
+            f"{x / y:.2f} (n={n})")
+
+  lines = ["", "## Cost and time-to-target as ratios", "",
+           "Ratio of arm means (n = seeds with a value). `grad evals/step`: 2 for SAM "
+           "steps, 1 otherwise. `wall/run`: steps x measured median s/step per phase. "
+           "`time to 0.97`: calibrated seconds to first reach 97% test accuracy.", "",
+           "| arm | grad evals/step vs sgd | wall/run vs sgd | wall/run vs temperon | "
+           "time to 0.95 vs temperon | time to 0.97 vs temperon | steps to 0.97 vs temperon |",
+           "|---|---|---|---|---|---|---|"]
+  for a in arms:
+    lines.append(f"| `{a}` | {ratio(a, 'sgd', keys[0])} | {ratio(a, 'sgd', keys[1])} | "
+                 f"{ratio(a, BASELINE, keys[1])} | {ratio(a, BASELINE, keys[2])} | "
+                 f"{ratio(a, BASELINE, keys[3])} | {ratio(a, BASELINE, keys[4])} |")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+"""The registry of declared sweeps: ``name -> "module:function"`` in the papers' folders.
+
+Each paper declares its sweeps in ``experiments/<paper>/sweeps.py`` (functions returning
+an :class:`experiments.common.sweep_spec.Sweep`); this table names them. A declaration
+is imported only when its sweep is asked for, never at the top of ``launch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from experiments.common.sweep_spec import Sweep
+
+_REGISTRY: dict[str, str] = {
+    "lm_recipes": "experiments.lm.sweeps:lm_recipes",
+    "lm_builtin_recipes": "experiments.lm.sweeps:lm_builtin_recipes",
+    "alto": "experiments.alto.sweeps:alto",
+    "fair_cast": "experiments.fair_cast.sweeps:fair_cast",
+    "mxfp8_rl": "experiments.mxfp8_rl.sweeps:mxfp8_rl",
+    "stale_sampler": "experiments.stale_sampler.sweeps:stale_sampler",
+    "temperon": "experiments.temperon.sweeps:temperon",
+    "memoir": "experiments.memoir.sweeps:memoir",
+    "memoir_long": "experiments.memoir.sweeps:memoir_long",
+}
+
+
+def names() -> tuple[str, ...]:
+  return tuple(sorted(_REGISTRY))
+
+
+def get(name: str) -> Sweep:
+  """The sweep registered as ``name``."""
+  if name not in _REGISTRY:
+    raise KeyError(f"unknown sweep {name!r}; known: {', '.join(names())}")
+  module, function = _REGISTRY[name].split(":")
+  sweep = getattr(importlib.import_module(module), function)()
+  if sweep.name != name:
+    raise ValueError(f"{_REGISTRY[name]} declares sweep {sweep.name!r}, registered as "
+                     f"{name!r}")
+  return sweep

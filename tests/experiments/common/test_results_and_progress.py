@@ -1,0 +1,72 @@
+"""Results JSONL rows, progress lines, run metadata."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.common import progress, results, run_metadata
+from experiments.common.run_options import RunOptions, resolve_run_options
+
+
+from experiments.common.repo_paths import REPO_DIR as REPO
+_WORKER = """
+import sys
+from experiments.common import results
+for i in range(50):
+  results.append_result(sys.argv[1], {"worker": sys.argv[2], "i": i, "pad": "x" * 5000})
+"""
+
+
+def test_append_and_read(tmp_path):
+  path = str(tmp_path / "sub" / "results.jsonl")
+  assert results.read_results(path) == []
+  results.append_result(path, {"a": 1, "loss": float("nan")})
+  results.append_result(path, {"a": 2})
+  rows = results.read_results(path)
+  assert [r["a"] for r in rows] == [1, 2] and rows[0]["loss"] == "nan"
+  with pytest.raises(TypeError):
+    results.append_result(path, [1])
+
+
+def test_parallel_appends_do_not_interleave(tmp_path):
+  path = str(tmp_path / "r.jsonl")
+  procs = [subprocess.Popen([sys.executable, "-c", _WORKER, path, str(w)],
+                            env={**os.environ, "PYTHONPATH": REPO}) for w in range(3)]
+  assert all(p.wait(timeout=60) == 0 for p in procs)
+  rows = results.read_results(path)
+  assert len(rows) == 150 and all(len(r["pad"]) == 5000 for r in rows)
+
+
+def test_progress_line_and_eta():
+  t = [0.0]
+  rep = progress.ProgressReporter(100, every_s=5.0, clock=lambda: t[0])
+  rep.start(10)
+  t[0] = 9.0
+  line = rep.maybe_log(40, 1.2345)
+  assert line == "train step 40/100 | loss 1.2345 | 3.33 steps/s | ETA 18s"
+  t[0] = 10.0
+  assert rep.maybe_log(41, 1.0) is None  # throttled
+  assert rep.maybe_log(41, 1.0, force=True) is not None
+  assert progress.format_duration(3725) == "1h02m05s"
+  assert progress.format_duration(65) == "1m05s"
+
+
+def test_run_options_resolution(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  o = resolve_run_options(RunOptions(), "lm")
+  assert o.workdir == str(tmp_path / "runs" / "lm" / "default")
+  assert o.run_name == "default" and o.results_file == o.workdir + "/results.jsonl"
+  o = resolve_run_options(RunOptions(workdir="x/y"), "lm")
+  assert o.run_name == "y"
+  with pytest.raises(ValueError):
+    resolve_run_options(RunOptions(stop_at_step=-1), "lm")
+
+
+def test_run_metadata(tmp_path):
+  path = run_metadata.write_run_metadata(str(tmp_path), RunOptions(), RunOptions(workdir="w"))
+  rec = json.load(open(path))
+  assert rec["run_options"]["workdir"] == "w"
+  assert len(rec["git"]["commit"]) == 40  # this checkout is a git repository

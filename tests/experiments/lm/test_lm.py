@@ -1,0 +1,122 @@
+"""End-to-end smoke tests of experiments.lm: what it writes, exact resume, --help."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.lm import experiment as lm
+from experiments.common.config_flags import config_to_flags
+from experiments.common.results import read_results
+from experiments.common.run_options import RunOptions
+from experiments.common.tensorboard_reader import (read_hparams_session, read_histograms,
+                                                   read_scalars)
+
+from experiments.common.repo_paths import REPO_DIR as REPO
+TINY = lm.LMConfig(num_steps=20, warmup_steps=2, seq_len=32, batch_size=8, d_model=32,
+                   num_layers=1, num_heads=2, d_ff=64, eval_every=10, eval_batches=2,
+                   log_every=5, checkpoint_every=10, histogram_every=10, max_chars=100_000,
+                   recipe="bf16")
+
+
+def _run(workdir, config=TINY, **options):
+  return lm.train_and_evaluate(config, RunOptions(workdir=str(workdir), **options))
+
+
+def test_smoke_writes_events_checkpoint_results(tmp_path):
+  summary = _run(tmp_path / "run")
+  wd = tmp_path / "run"
+  assert summary["completed"] and summary["step"] == 20
+
+  scalars = read_scalars(str(wd))
+  assert [s for s, _ in scalars["train/loss"]] == list(range(1, 21))
+  assert [s for s, _ in scalars["eval/loss"]] == [0, 10, 20]
+  for tag in ("train/grad_norm", "train/accuracy", "eval/accuracy", "perf/steps_per_s",
+              "numerics/weight_quant_rel_error/block_0/qkv/kernel"):
+    assert tag in scalars, tag
+  assert scalars["train/loss"][-1][1] < scalars["train/loss"][0][1]
+  # bf16 rounds weights: the measured quantization error is non-zero and small.
+  qerr = scalars["numerics/weight_quant_rel_error/block_0/qkv/kernel"][-1][1]
+  assert 1e-4 < qerr < 1e-2
+
+  hists = read_histograms(str(wd))
+  assert [s for s, _ in hists["params/block_0/qkv/kernel"]] == [0, 10, 20]
+  assert "numerics/weight_quant_error/block_0/ff_in/kernel" in hists
+  # The LM head stays bf16 under every recipe, so its error is not reported.
+  assert "numerics/weight_quant_error/head/kernel" not in hists
+
+  session = read_hparams_session(str(wd))
+  assert session["trial_id"] == "run" and session["status"] == "STATUS_SUCCESS"
+  assert session["hparams"]["recipe"] == "bf16"
+  assert session["hparams"]["d_model"] == 32
+
+  meta = json.load(open(wd / "config.json"))
+  assert meta["config"] == dataclasses.asdict(TINY)
+  assert len(meta["git"]["commit"]) == 40
+  assert sorted(os.listdir(wd / "checkpoints"))[:2] == ["10", "20"]
+
+  rows = read_results(str(wd / "results.jsonl"))
+  assert len(rows) == 1
+  assert rows[0]["run_name"] == "run" and rows[0]["config"]["recipe"] == "bf16"
+  # the row keeps the float64 value; the event stores it as float32
+  assert abs(rows[0]["metrics"]["eval/loss"] - scalars["eval/loss"][-1][1]) < 1e-6
+  assert rows[0]["steps_per_s"] > 0
+
+
+def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path):
+  config = dataclasses.replace(TINY, recipe="fp32", log_every=1)
+  full = _run(tmp_path / "full", config)
+  stopped = _run(tmp_path / "split", config, stop_at_step=10)
+  assert not stopped["completed"] and stopped["step"] == 10
+  assert not os.path.exists(tmp_path / "split" / "results.jsonl")
+  assert read_hparams_session(str(tmp_path / "split"))["status"] is None  # not ended
+  with pytest.raises(FileExistsError, match="--resume"):
+    _run(tmp_path / "split", config)
+  resumed = _run(tmp_path / "split", config, resume=True)
+  assert resumed["completed"] and resumed["resumed_from_step"] == 10
+
+  a = read_scalars(str(tmp_path / "full"))["train/loss"]
+  b = read_scalars(str(tmp_path / "split"))["train/loss"]
+  assert [s for s, _ in a] == list(range(1, 21)) == [s for s, _ in b]
+  assert [v for _, v in a] == [v for _, v in b]  # exact float equality, every step
+  assert full["metrics"] == resumed["metrics"]
+  ea = read_scalars(str(tmp_path / "full"))["eval/loss"]
+  eb = read_scalars(str(tmp_path / "split"))["eval/loss"]
+  assert ea == eb
+  assert read_hparams_session(str(tmp_path / "split"))["status"] == "STATUS_SUCCESS"
+  # Resuming a finished run (e.g. one that died before its results row) only re-evaluates.
+  again = _run(tmp_path / "split", config, resume=True)
+  assert again["completed"] and again["resumed_from_step"] == 20
+  assert {k: v for k, v in again["metrics"].items() if k.startswith("eval/")} == \
+      {k: v for k, v in resumed["metrics"].items() if k.startswith("eval/")}
+  assert len(read_results(str(tmp_path / "split" / "results.jsonl"))) == 2
+
+
+def test_cli_help_documents_every_flag():
+  out = subprocess.run([sys.executable, "-m", "experiments.lm", "--help"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert out.returncode in (0, 1), out.stderr  # absl exits 1 after printing --help
+  assert "experiments/lm/__main__.py:" in out.stdout
+  for f in dataclasses.fields(lm.LMConfig) + dataclasses.fields(RunOptions):
+    assert f"--{f.name}" in out.stdout or f"--[no]{f.name}" in out.stdout, f.name
+    assert f.metadata["help"].split()[0] in out.stdout
+
+
+def test_cli_run_prints_locations(tmp_path):
+  flags = config_to_flags(dataclasses.replace(TINY, num_steps=4, eval_every=2,
+                                              checkpoint_every=2, histogram_every=2))
+  out = subprocess.run([sys.executable, "-m", "experiments.lm", *flags,
+                        f"--workdir={tmp_path / 'cli'}"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"tensorboard --logdir {tmp_path}" in out.stdout and "(this run: cli)" in out.stdout
+  assert "results row:" in out.stdout
+  assert (tmp_path / "cli" / "results.jsonl").exists()
+
+
+def test_bad_recipe_fails_before_training(tmp_path):
+  with pytest.raises(ValueError, match="recipe"):
+    _run(tmp_path / "bad", dataclasses.replace(TINY, recipe="nope"))
