@@ -46,7 +46,8 @@ two products with a possibly subnormal operand (``block_amax * S_enc/6`` and
 ``x * enc``) rescale it in the bits first, so float32 subnormal inputs quantize as in
 the spec's float32 arithmetic on every backend (tested against NumPy). What remains
 backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
-subnormal ``1/S_enc``, which CPU and TPU flush to zero.
+subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
+flush both to zero.
 """
 
 from __future__ import annotations
