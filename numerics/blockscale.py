@@ -42,12 +42,14 @@ amax ignores NaN/Inf, and a block holding them gets the NaN scale (E4M3 0x7F).
 
 All amax and exponent arithmetic is done on the bit patterns: XLA:CPU flushes float32
 subnormals to zero in float arithmetic, which would silently change scales. NVFP4's
-two products with a possibly subnormal operand (``block_amax * S_enc/6`` and
-``x * enc``) rescale it in the bits first, so float32 subnormal inputs quantize as in
-the spec's float32 arithmetic on every backend (tested against NumPy). What remains
-backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
-subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
-flush both to zero.
+three divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from
+integer ops: GPU Triton kernels divide approximately, TPUs by a reciprocal estimate),
+and its two products with a possibly subnormal operand (``block_amax * S_enc/6`` and
+``x * enc``) rescale that operand in the bits first, so NVFP4 gives the spec's float32
+bits on every backend (tested against NumPy), including for float32 subnormal inputs.
+What remains backend-dependent: a tensor whose amax is below ``2688 * 2^-126``
+(3.2e-35) has a subnormal ``1/S_enc``, and dequantized values below 2^-126 are
+subnormal; CPU and TPU arithmetic flush both to zero.
 """
 
 from __future__ import annotations
@@ -481,9 +483,9 @@ def nvfp4_tensor_scale(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   finite = a < _U(0x7F800000)
   t_amax_bits = jnp.max(jnp.where(finite, a, _U(0)).astype(jnp.int32))
   t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
-  s_enc = jnp.minimum(np.float32(448.0 * 6.0) / t_amax, _FLT_MAX)
+  s_enc = jnp.minimum(rounding_lib.div_rn(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
   s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
-  return s_enc, np.float32(1.0) / s_enc
+  return s_enc, rounding_lib.div_rn(np.float32(1.0), s_enc)
 
 
 def _mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -524,7 +526,8 @@ def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
   s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
                       np.float32(448.0))
   s_dec = rounding_lib.round_f32(s_dec, e4m3, rounding="nearest", saturate=True)
-  enc = jnp.minimum(np.float32(1.0) / (s_dec * (np.float32(1.0) / s_enc)), _FLT_MAX)
+  inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
+  enc = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_dec * inv_s_enc), _FLT_MAX)
   enc_full = jnp.broadcast_to(enc, bshape).reshape(xp.shape)
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
   scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp), enc_full)

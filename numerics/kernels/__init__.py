@@ -18,7 +18,7 @@ path on the CPU; ``use_kernel=``/``interpret=`` per call or ``NUMERICS_KERNELS``
 with the jnp path and with the independent NumPy references in interpret mode
 (``tests/numerics/kernels``) and lowers for ``cuda`` and ``tpu`` in CI
 (``python -m numerics.kernels.lowering`` prints the table).
-``python -m numerics.kernels.check --out=device_check.json`` is the device check.
+``python -m experiments.kernel_check --out=device_check.json`` is the device check.
 """
 
 from numerics.kernels.dispatch import ENV_VAR, IMPLS

@@ -8,7 +8,7 @@ fails here. Each kernel is also held equal to the jnp path.
 By default the kernels run in Pallas interpret mode, with the GPU kernels' tiling and
 structure and with the TPU kernels' (``interpret_as``), on tiles small enough that every
 array spans several tiles with ragged edges. With NUMERICS_KERNEL_COMPILED=1 (set by
-``python -m numerics.kernels.check``) they run compiled on the accelerator instead.
+``python -m experiments.kernel_check``) they run compiled on the accelerator instead.
 """
 
 import os
