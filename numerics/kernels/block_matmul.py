@@ -17,9 +17,11 @@ Per backend:
   registers; tiles 128 x 128 x 64, powers of two. Blocks are pointers, not copies, so
   the whole-K block specs cost no shared memory; ragged M and N are masked.
 * TPU (Mosaic): grid ``(M/bm, N/bn, K/bk)`` with K last and ``"arbitrary"``, the fp32
-  accumulator is the resident output tile; tiles 256 x 256 x 256 (or whole dims). A's
-  scales are rearranged outside the kernel to ``(K/bk, M, bk/32)`` so each step's
-  scale tile has a whole last dim (TPU tiles need lane dims of 128 or the full dim).
+  accumulator is the resident output tile; tiles 256 x 256 x 512 (bk the largest of
+  512, 256, 128 dividing K; whole dims when smaller). The scales are laid out per K
+  step, A's as ``(K/bk, M, bk/32)`` and B's as ``(K/bk, bk/32, N)``, so each scale
+  tile's short dim is a whole array dim (TPU tiles need multiples of (8, 128) or
+  whole dims).
 
 Hopper has no block-scaled MMA, so decoding costs integer work per operand element,
 amortized over the other operand's tile width (1/bn + 1/bm per MAC). Decoding is
@@ -46,7 +48,7 @@ from numerics.kernels import dispatch
 
 _U = np.uint32
 _GPU_TILE = (128, 128, 64)
-_TPU_TILE = (256, 256, 256)
+_TPU_TILE = (256, 256, 512)
 
 
 def _check(qa: blockscale.QuantizedArray, qb: blockscale.QuantizedArray) -> None:
@@ -143,8 +145,9 @@ def default_tiles(variant: str, m: int, n: int, k: int) -> tuple[int, int, int]:
     bm, bn, bk = _GPU_TILE
     bk = dispatch.largest_divisor(k, (bk, 32))
     return min(bm, max(16, dispatch.next_pow2(m))), min(bn, max(16, dispatch.next_pow2(n))), bk
-  bm, bn, bk = _TPU_TILE
-  return (m if m <= bm else bm), (n if n <= bn else bn), (bk if k % bk == 0 else k)
+  bm, bn, _ = _TPU_TILE
+  bk = dispatch.largest_divisor(k, (512, 256, 128)) or k
+  return (m if m <= bm else bm), (n if n <= bn else bn), bk
 
 
 def check_tiles(variant: str, m: int, n: int, k: int, tiles) -> tuple[int, int, int]:
@@ -160,8 +163,8 @@ def check_tiles(variant: str, m: int, n: int, k: int, tiles) -> tuple[int, int, 
     if not (bm == m or bm % 32 == 0) or not (bn == n or bn % 128 == 0):
       raise ValueError(f"TPU tiles need block_m % 32 == 0 (or M) and block_n % 128 == 0 "
                        f"(or N), got {tiles} for M={m}, N={n}")
-    if not (bk == k or (bk // MX_BLOCK) % 8 == 0):
-      raise ValueError(f"TPU block_k must be K or a multiple of 256, got {bk}")
+    if not (bk == k or bk % 128 == 0):
+      raise ValueError(f"TPU block_k must be K or a multiple of 128, got {bk}")
   return bm, bn, bk
 
 
@@ -188,8 +191,12 @@ def _kernel_call(variant, interpret, tiles, a_codes, a_scales, b_codes, b_scales
         name="mx_matmul",
     )(a_codes, a_scales, b_codes, b_scales)
   sk = bk // MX_BLOCK
-  # (M, K/32) -> (K/bk, M, bk/32): each K step's scale tile has a whole last dim.
+  # Per K step, scale tiles whose small dim is a whole array dim (TPU tiles need the
+  # last two dims in multiples of (8, 128) or whole): A's (M, K/32) is rearranged to
+  # (K/bk, M, bk/32) (a transpose of 1/32 of A's bytes), B's (K/32, N) viewed as
+  # (K/bk, bk/32, N) (free).
   a_scales_t = a_scales.reshape(m, k // bk, sk).transpose(1, 0, 2)
+  b_scales_t = b_scales.reshape(k // bk, sk, n)
   kernel = functools.partial(_tpu_kernel, fa=fa, fb=fb, bk=bk)
   return pl.pallas_call(
       kernel,
@@ -197,14 +204,14 @@ def _kernel_call(variant, interpret, tiles, a_codes, a_scales, b_codes, b_scales
       in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                 pl.BlockSpec((None, bm, sk), lambda i, j, kk: (kk, i, 0)),
                 pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
-                pl.BlockSpec((sk, bn), lambda i, j, kk: (kk, j))],
+                pl.BlockSpec((None, sk, bn), lambda i, j, kk: (kk, 0, j))],
       out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
       out_shape=out_shape,
       compiler_params=None if interpret else pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")),
       interpret=interpret,
       name="mx_matmul",
-  )(a_codes, a_scales_t, b_codes, b_scales)
+  )(a_codes, a_scales_t, b_codes, b_scales_t)
 
 
 @functools.partial(jax.jit, static_argnames=("tiles", "impl", "interpret_as"))
@@ -236,7 +243,7 @@ def mx_matmul(qa: blockscale.QuantizedArray, qb: blockscale.QuantizedArray, *,
     qa: MX ``(M, K)`` quantized along axis 1; qb: MX ``(K, N)`` along axis 0 (any
       element formats; ``K % 32 == 0``, no padding).
     block_m, block_n, block_k: kernel tiles (all three, or none for the backend's
-      defaults: GPU 128 x 128 x 64 powers of two, TPU 256 x 256 x 256); ``block_k`` a
+      defaults: GPU 128 x 128 x 64 powers of two, TPU 256 x 256 x 512); ``block_k`` a
       multiple of 32 dividing K. Explicit tiles are checked against the rules of
       whichever backend's kernel is traced (:func:`check_tiles`).
     interpret, use_kernel, interpret_as: as :func:`numerics.kernels.mx_quantize`; the

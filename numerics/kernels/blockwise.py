@@ -115,8 +115,6 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
     tile: explicit ``(tr, tc)``; default :func:`default_tile`.
   """
   r, c = x.shape
-  if c * r >= 2 ** 32:
-    raise ValueError(f"the hash generator indexes at most 2^32 elements, got {x.shape}")
   block_out = any(kind == BLOCKS for kind, _ in outputs)
   if tile is None:
     tr, tc = default_tile(variant, (r, c), axis, block, block_out)
@@ -126,6 +124,9 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
 
   def kernel(seed_ref, scal_ref, x_ref, *out_refs):
     def words():
+      if r * c > 2 ** 32:
+        raise ValueError(f"the hash generator indexes at most 2^32 elements, got "
+                         f"{x.shape}")
       rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, (tr, tc), 0)
       cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, (tr, tc), 1)
       index = rows.astype(jnp.uint32) * np.uint32(c) + cols.astype(jnp.uint32)
