@@ -144,7 +144,8 @@ def default_tiles(variant: str, m: int, n: int, k: int) -> tuple[int, int, int]:
   if variant == dispatch.GPU:
     bm, bn, bk = _GPU_TILE
     bk = dispatch.largest_divisor(k, (bk, 32))
-    return min(bm, max(16, dispatch.next_pow2(m))), min(bn, max(16, dispatch.next_pow2(n))), bk
+    return (min(bm, max(16, dispatch.next_pow2(m))), min(bn, max(16, dispatch.next_pow2(n))),
+            bk)
   bm, bn, _ = _TPU_TILE
   bk = dispatch.largest_divisor(k, (512, 256, 128)) or k
   return (m if m <= bm else bm), (n if n <= bn else bn), bk
@@ -253,7 +254,8 @@ def mx_matmul(qa: blockscale.QuantizedArray, qb: blockscale.QuantizedArray, *,
     float32 ``(M, N)``.
   """
   _check(qa, qb)
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as,
+                          tile=None if block_m is None else (block_m, block_n, block_k))
   given = (block_m, block_n, block_k)
   if all(b is None for b in given):
     tiles = None

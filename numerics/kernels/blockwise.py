@@ -15,9 +15,10 @@ reference, see the same bits.
 
 Tiles (``tile=None``), chosen per backend:
 
-* GPU (Triton): power-of-two tiles of 4096 elements, ``(16, 256)`` for blocks along
-  rows and ``(32, 128)`` along columns (clamped to the array), 4 warps: about 32
-  elements per thread, so the integer rounding's temporaries stay in registers.
+* GPU (Triton): power-of-two tiles of 4096 elements, ``(16, 256)`` when blocks run
+  along a row (axis 1) and ``(32, 128)`` when they run down a column (axis 0), clamped
+  to the array; 4 warps: about 32 elements per thread, so the integer rounding's
+  temporaries can stay in registers.
 * TPU (Mosaic): the last dim in lanes, ``tc`` a multiple of 128 (of ``128 * block``
   when a per-block output is stored, so its lane dim is too) or the whole row, up to
   8192; ``tr`` a multiple of 32 (uint8 outputs tile as (32, 128)) for tiles of about
@@ -69,9 +70,9 @@ def default_tile(variant: str, shape: tuple[int, int], axis: int, block: int,
   return (r if tr >= r else tr), tc
 
 
-def check_tile(variant: str, shape: tuple[int, int], axis: int, block: int,
-               tile: tuple[int, int]) -> tuple[int, int]:
-  """Validates an explicit tile; returns it as ints."""
+def check_tile(variant: str, axis: int, block: int, tile: tuple[int, int]
+               ) -> tuple[int, int]:
+  """Validates an explicit tile (whole blocks; powers of two for Triton)."""
   tr, tc = (int(t) for t in tile)
   if tr < 1 or tc < 1:
     raise ValueError(f"tile must be positive, got {tile}")
@@ -79,7 +80,6 @@ def check_tile(variant: str, shape: tuple[int, int], axis: int, block: int,
     raise ValueError(f"tile {tile} must hold whole blocks of {block} along axis {axis}")
   if variant == dispatch.GPU and (tr & (tr - 1) or tc & (tc - 1)):
     raise ValueError(f"Triton tiles must be powers of two, got {tile}")
-  del shape
   return tr, tc
 
 
@@ -119,12 +119,12 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
   if tile is None:
     tr, tc = default_tile(variant, (r, c), axis, block, block_out)
   else:
-    tr, tc = check_tile(variant, (r, c), axis, block, tile)
+    tr, tc = check_tile(variant, axis, block, tile)
   grid = (dispatch.cdiv(r, tr), dispatch.cdiv(c, tc))
 
   def kernel(seed_ref, scal_ref, x_ref, *out_refs):
     def words():
-      if r * c > 2 ** 32:
+      if r * c >= 2 ** 32:
         raise ValueError(f"the hash generator indexes at most 2^32 elements, got "
                          f"{x.shape}")
       rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, (tr, tc), 0)

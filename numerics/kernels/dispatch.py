@@ -48,8 +48,17 @@ def default_impl() -> Impl:
   return value
 
 
-def resolve(use_kernel: bool | None, interpret: bool) -> Impl:
-  """The implementation for a call's ``use_kernel``/``interpret`` arguments."""
+def resolve(use_kernel: bool | None, interpret: bool, *, interpret_as: str = GPU,
+            tile: Any = None) -> Impl:
+  """The implementation for a call's ``use_kernel``/``interpret`` arguments.
+
+  ``interpret_as`` and ``tile`` configure the kernel; with an explicit
+  ``use_kernel=False`` they would be ignored, so that conflict raises.
+  """
+  check_variant(interpret_as)
+  if use_kernel is False and (tile is not None or interpret_as != GPU):
+    raise ValueError(f"use_kernel=False runs the jnp path; tile={tile!r} and "
+                     f"interpret_as={interpret_as!r} configure the kernel")
   if interpret:
     if use_kernel is False:
       raise ValueError("interpret=True runs the Pallas kernel; it conflicts with "

@@ -126,7 +126,7 @@ def mx_quantize(x: jax.Array, fmt: str = "e4m3", *, scale_rule: str = "floor",
   f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits)
   if x.ndim < 1:
     raise ValueError("mx_quantize needs an array with at least one axis")
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, x.ndim - 1, MX_BLOCK, pad)
   codes, scales = _mx_quantize(
       xp, key if rounding == "stochastic" else None, fmt=f.name, scale_rule=scale_rule,
@@ -184,7 +184,7 @@ def mx_quantize_dequantize(x: jax.Array, fmt: str = "e4m3", *, axis: int = -1,
   """
   f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits)
   ax = blockwise.normalize_axis(axis, x.ndim)
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, MX_BLOCK, pad)
   out = _mx_qdq(xp, key if rounding == "stochastic" else None, fmt=f.name, axis=ax,
                 scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits,

@@ -113,7 +113,7 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
     ``tensor_scale = 1/S_enc``).
   """
   x = _check(x, rounding, key, rand_bits)
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, x.ndim - 1, NVFP4_BLOCK, pad)
   (codes, scales), inv_s_enc = _nvfp4(
       xp, key if rounding == "stochastic" else None, axis=x.ndim - 1, rounding=rounding,
@@ -143,7 +143,7 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
   """
   x = _check(x, rounding, key, rand_bits)
   ax = blockwise.normalize_axis(axis, x.ndim)
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
   out, _ = _nvfp4(xp, key if rounding == "stochastic" else None, axis=ax,
                   rounding=rounding, rand_bits=rand_bits,

@@ -48,7 +48,7 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec,
   (callers wrap it in a straight-through estimator). ``use_kernel``, ``interpret``,
   ``interpret_as``: as :func:`numerics.kernels.mx_quantize`.
   """
-  impl = dispatch.resolve(use_kernel, interpret)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
   on_accelerator = jax.default_backend() in ("gpu", "tpu")
   if (impl == "jnp" or (impl == "auto" and not on_accelerator)
       or not kernel_eligible(spec, jax.numpy.ndim(x))):

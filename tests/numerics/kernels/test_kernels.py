@@ -37,7 +37,7 @@ FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
 # One scale rule and random-bit count per format: every rule, no extra compilations.
 RULES = dict(e4m3="floor", e5m2="rceil", e2m3="even", e3m2="ceil", e2m1="alto",
              int8="floor")
-RAND_BITS = dict(e3m2=10)
+RAND_BITS = dict(e3m2=10, e2m1=3, int8=5)  # None (all 32 bits) for the others
 
 
 def mode(variant):
@@ -73,10 +73,6 @@ def _assert_same_floats(got, want):
   np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
-def _words(key, shape):
-  return hash_words_np(key, shape)
-
-
 # ----------------------------------------------------------------------------- MX quantize
 
 
@@ -93,7 +89,7 @@ def test_mx_quantize_matches_numpy_reference(fmt, rounding, variant):
   got = kernels.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding, key=key,
                             rand_bits=rbits, tile=tile(variant, (16, 64), (32, 192)),
                             **mode(variant))
-  words = _words(key, x.shape) if rounding == "stochastic" else None
+  words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, _ = ref.quantize_mx(np.asarray(x), fmt, rule, rounding=rounding,
                                      words=words, rand_bits=rbits)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
@@ -106,7 +102,7 @@ def test_mx_quantize_matches_numpy_reference(fmt, rounding, variant):
 def test_mx_quantize_tiling_invariant_and_padded():
   x = _data((48, 70), seed=3)  # 70 columns: padded to 96
   key = jax.random.key(5)
-  words = _words(key, (48, 96))
+  words = hash_words_np(key, (48, 96))
   codes, scales, _ = ref.quantize_mx(np.pad(np.asarray(x), ((0, 0), (0, 26))), "e2m1",
                                      "alto", rounding="stochastic", words=words)
   tiles = [None] if COMPILED else [(8, 32), (64, 128)]
@@ -147,7 +143,7 @@ def test_mx_quantize_dequantize_matches_numpy_reference(fmt, axis, rounding, sha
                                        rounding=rounding, key=key, rand_bits=rbits,
                                        tile=tile(variant, gpu_tile, (32, shape[-1])),
                                        **mode(variant))
-  words = _words(key, shape) if rounding == "stochastic" else None
+  words = hash_words_np(key, shape) if rounding == "stochastic" else None
   _, _, deq = ref.quantize_mx(np.asarray(x), fmt, rule, axis=axis, rounding=rounding,
                               words=words, rand_bits=rbits)
   _assert_same_floats(got, deq)
@@ -179,7 +175,7 @@ def test_nvfp4_quantize_matches_numpy_reference(rounding, variant):
   key = jax.random.key(9)
   got = kernels.nvfp4_quantize(x, rounding=rounding, key=key,
                                tile=tile(variant, (16, 32), (32, 96)), **mode(variant))
-  words = _words(key, x.shape) if rounding == "stochastic" else None
+  words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, inv, _ = ref.quantize_nvfp4(np.asarray(x), rounding=rounding, words=words)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
   np.testing.assert_array_equal(np.asarray(got.scales), scales)
@@ -199,7 +195,7 @@ def test_nvfp4_quantize_dequantize_matches_numpy_reference(axis, rounding, shape
   got = kernels.nvfp4_quantize_dequantize(x, axis=axis, rounding=rounding, key=key,
                                           tile=tile(variant, gpu_tile, (32, shape[-1])),
                                           **mode(variant))
-  words = _words(key, shape) if rounding == "stochastic" else None
+  words = hash_words_np(key, shape) if rounding == "stochastic" else None
   _, _, _, deq = ref.quantize_nvfp4(np.asarray(x), axis=axis, rounding=rounding,
                                     words=words)
   _assert_same_floats(got, deq)
@@ -315,6 +311,12 @@ def test_dispatch_rule(monkeypatch):
   assert dispatch.resolve(None, True) == "interpret"
   with pytest.raises(ValueError, match="conflicts"):
     dispatch.resolve(False, True)
+  with pytest.raises(ValueError, match="configure the kernel"):
+    dispatch.resolve(False, False, tile=(16, 64))
+  with pytest.raises(ValueError, match="configure the kernel"):
+    dispatch.resolve(False, False, interpret_as="tpu")
+  with pytest.raises(ValueError, match="interpret_as"):
+    dispatch.resolve(None, True, interpret_as="mosaic")
   for value in dispatch.IMPLS:
     monkeypatch.setenv(dispatch.ENV_VAR, value)
     assert dispatch.resolve(None, False) == value
