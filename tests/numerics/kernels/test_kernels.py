@@ -369,10 +369,10 @@ def test_input_errors():
     kernels.mx_quantize(jnp.ones((4, 64)), "e4m3", tile=(4, 16), interpret=True)
 
 
-@pytest.mark.skipif(COMPILED, reason="compares interpret mode with the jnp path")
 def test_training_path_dispatches_to_the_fused_kernel(monkeypatch):
-  """qdot's operand quantizer runs the fused kernel for all six mxfp8 operands (forward,
-  dgrad, wgrad) and gives the jnp path's output and gradients bit for bit."""
+  """qdot's operand quantizer runs the fused kernel (interpreted, or compiled on a
+  device) for all six mxfp8 operands (forward, dgrad, wgrad) and gives the jnp path's
+  output and gradients bit for bit."""
   x = qdot.outlier_data(jax.random.key(0), (2, 32, 64))
   w = qdot.outlier_data(jax.random.key(1), (64, 96))
   dn = (((2,), (0,)), ((), ()))
@@ -386,7 +386,7 @@ def test_training_path_dispatches_to_the_fused_kernel(monkeypatch):
   kernel = mx_quantizers.mx_quantize_dequantize
   monkeypatch.setattr(mx_quantizers, "mx_quantize_dequantize",
                       lambda *a, **k: calls.append(k.get("axis")) or kernel(*a, **k))
-  monkeypatch.setenv(dispatch.ENV_VAR, "interpret")
+  monkeypatch.setenv(dispatch.ENV_VAR, "pallas" if COMPILED else "interpret")
   got = run()
   assert sorted(calls) == [-2, -2, -2, -1, -1, -1]
   monkeypatch.setenv(dispatch.ENV_VAR, "jnp")
