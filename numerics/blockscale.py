@@ -41,7 +41,15 @@ decode ``x = e2m1 * S_dec * (1/S_enc)``. Our choices where TE is silent: the ten
 amax ignores NaN/Inf, and a block holding them gets the NaN scale (E4M3 0x7F).
 
 All amax and exponent arithmetic is done on the bit patterns: XLA:CPU flushes float32
-subnormals to zero in float arithmetic, which would silently change scales.
+subnormals to zero in float arithmetic, which would silently change scales. NVFP4's
+three divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from
+integer ops: GPU Triton kernels divide approximately, TPUs by a reciprocal estimate),
+and its two products with a possibly subnormal operand (``block_amax * S_enc/6`` and
+``x * enc``) rescale that operand in the bits first, so NVFP4 gives the spec's float32
+bits on every backend (tested against NumPy), including for float32 subnormal inputs.
+What remains backend-dependent: a tensor whose amax is below ``2688 * 2^-126``
+(3.2e-35) has a subnormal ``1/S_enc``, and dequantized values below 2^-126 are
+subnormal; CPU and TPU arithmetic flush both to zero.
 """
 
 from __future__ import annotations
@@ -184,9 +192,15 @@ def _blocked_shape(shape, axes, blocks):
 
 
 def _block_amax_bits(a: jax.Array, axes, blocks) -> jax.Array:
-  """Per-block max of magnitude bits ``a`` (uint32), broadcastable to ``a``'s blocks."""
+  """Per-block max of magnitude bits ``a`` (uint32), broadcastable to ``a``'s blocks.
+
+  Reduced as int32 (magnitude bits are below 2^31, so the order is the same): Mosaic
+  TPU kernels, which run this code, have no unsigned reductions.
+  """
   bshape, bpos = _blocked_shape(a.shape, axes, blocks)
-  return jnp.max(a.reshape(bshape), axis=bpos, keepdims=True), bshape, bpos
+  m = jnp.max(lax.bitcast_convert_type(a, jnp.int32).reshape(bshape), axis=bpos,
+              keepdims=True)
+  return lax.bitcast_convert_type(m, jnp.uint32), bshape, bpos
 
 
 def _floor_log2(bits: jax.Array) -> jax.Array:
@@ -351,7 +365,8 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   """(element codes, E8M0 scale codes) of float32 ``xp`` (block-divisible shape).
 
   The whole MX algorithm in plain jnp integer ops; :func:`quantize_mx` and the Pallas
-  kernel in :mod:`numerics.kernels.mx_quantize` both run exactly this code.
+  kernel in :mod:`numerics.kernels.mx_quantizers` both run exactly this code (their
+  tests hold both against the independent NumPy reference, not only each other).
   """
   elem, scale_codes, _, poison = _mx_elements(xp, f, axes, blocks, scale_rule,
                                               rounding, words, rand_bits)
@@ -394,6 +409,21 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   """
   f, x, axes, blocks, xp, words = _mx_prologue(x, fmt, block_size, axis, block_shape,
                                                pad, key, rounding, rng, rand_bits)
+  out = mx_quantize_dequantize_core(xp, f, axes, blocks, scale_rule, rounding, words,
+                                    rand_bits)
+  return out[tuple(slice(0, d) for d in x.shape)]
+
+
+def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
+                                axes: tuple[int, ...], blocks: tuple[int, ...],
+                                scale_rule: str, rounding: str, words: jax.Array | None,
+                                rand_bits: int | None) -> jax.Array:
+  """float32 ``dequantize(quantize_mx(xp))`` of a block-divisible float32 ``xp``.
+
+  Integer ops only (the elements are scaled back by exponent arithmetic); run by
+  :func:`quantize_dequantize_mx` and by the fused Pallas kernel in
+  :mod:`numerics.kernels.mx_quantizers`.
+  """
   elem, _, s_full, poison = _mx_elements(xp, f, axes, blocks, scale_rule, rounding,
                                          words, rand_bits)
   mag = rounding_lib.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
@@ -401,8 +431,7 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   if not f.kind == "float":  # INT8 has no negative zero
     sign = jnp.where(mag == 0, _U(0), sign)
   out = lax.bitcast_convert_type(mag | sign, jnp.float32)
-  out = jnp.where(poison, np.float32(np.nan), out)
-  return out[tuple(slice(0, d) for d in x.shape)]
+  return jnp.where(poison, np.float32(np.nan), out)
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
@@ -462,40 +491,88 @@ def quantize_nvfp4(x: jax.Array, *, axis: int | Sequence[int] = -1,
     A :class:`QuantizedArray` with ``tensor_scale = 1/S_enc`` (see module docstring).
   """
   x = _check_x(x)
-  f = formats_lib.get("e2m1")
-  e4m3 = formats_lib.get("e4m3")
   axes, blocks = _layout(x.ndim, NVFP4_BLOCK, axis, block_shape)
   shape = tuple(x.shape)
   xp = _pad(x, axes, blocks, pad)
   words = _words(key, xp.shape, rounding, rng)
   rounding_lib.check_rand_bits(rand_bits)
-  b = lax.bitcast_convert_type(xp, jnp.uint32)
-  a = b & _U(0x7FFFFFFF)
+  s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
+  codes, scale_codes, _ = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
+                                              rand_bits)
+  return QuantizedArray(codes=codes, scales=scale_codes, tensor_scale=inv_s_enc,
+                        fmt="e2m1", scale_fmt="e4m3", axes=axes, block_shape=blocks,
+                        shape=shape, scale_rule="nvfp4")
+
+
+def nvfp4_tensor_scale(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """float32 scalars ``(S_enc, 1/S_enc)`` of float32 ``x`` (amax over finite values).
+
+  The only whole-tensor step of NVFP4: the Pallas kernels take both as inputs.
+  """
+  a = lax.bitcast_convert_type(x, jnp.uint32) & _U(0x7FFFFFFF)
   finite = a < _U(0x7F800000)
-  t_amax_bits = jnp.max(jnp.where(finite, a, _U(0)))
+  t_amax_bits = jnp.max(jnp.where(finite, a, _U(0)).astype(jnp.int32))
   t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
-  s_enc = jnp.minimum(np.float32(448.0 * 6.0) / t_amax, _FLT_MAX)
+  s_enc = jnp.minimum(rounding_lib.div_rn(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
   s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
+  return s_enc, rounding_lib.div_rn(np.float32(1.0), s_enc)
+
+
+def _mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
+  """float32 ``a * b`` (``b`` positive, finite) also where ``a`` is an f32 subnormal.
+
+  XLA:CPU (and TPU) treat subnormal float inputs as zero, which would zero NVFP4
+  elements and block scales of tiny blocks that the spec's float32 arithmetic (GPU,
+  NumPy) keeps. A subnormal ``a`` is scaled up by 2^24 in the bits first, and the
+  product back down: exact whenever ``a * b`` is normal (smaller products round to
+  zero in E2M1 and E4M3 either way).
+  """
+  bits = lax.bitcast_convert_type(a, jnp.uint32)
+  mag = bits & _U(0x7FFFFFFF)
+  sub = (mag < _U(0x00800000)) & (mag != 0)
+  up = lax.bitcast_convert_type(rounding_lib.ldexp_bits(mag, 24) | (bits & _U(0x80000000)),
+                                jnp.float32)
+  prod = jnp.where(sub, up, a) * b
+  return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
+
+
+def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
+                        blocks: tuple[int, ...], rounding: str, words: jax.Array | None,
+                        rand_bits: int | None
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(E2M1 codes, E4M3 scale codes, float32 element x block-scale values) of ``xp``.
+
+  ``xp`` is float32 with block-divisible axes and ``s_enc`` its tensor scale
+  (:func:`nvfp4_tensor_scale`); the values (NaN in poisoned blocks) times ``1/S_enc``
+  are the dequantized tensor. Run by :func:`quantize_nvfp4` and the Pallas kernels in
+  :mod:`numerics.kernels.nvfp4_quantizers`.
+  """
+  f = formats_lib.get("e2m1")
+  e4m3 = formats_lib.get("e4m3")
+  a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
   amax, bshape, bpos = _block_amax_bits(a, axes, blocks)
   poisoned = amax >= _U(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, _U(0), amax), jnp.float32)
-  s_dec = jnp.minimum(block_amax * (s_enc * np.float32(1.0 / 6.0)), np.float32(448.0))
+  s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
+                      np.float32(448.0))
   s_dec = rounding_lib.round_f32(s_dec, e4m3, rounding="nearest", saturate=True)
-  enc = jnp.minimum(np.float32(1.0) / (s_dec * (np.float32(1.0) / s_enc)), _FLT_MAX)
+  inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
+  enc = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_dec * inv_s_enc), _FLT_MAX)
   enc_full = jnp.broadcast_to(enc, bshape).reshape(xp.shape)
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
-  scaled = jnp.where(poison_full, np.float32(0.0), xp) * enc_full
+  scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp), enc_full)
   sb = lax.bitcast_convert_type(scaled, jnp.uint32)
   elem = _round_elements(sb & _U(0x7FFFFFFF), sb >> 31, f, 0, rounding, words,
                          rand_bits)
-  codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
+  elem_f = lax.bitcast_convert_type(elem, jnp.float32)
+  codes = encoding.encode(elem_f, f)
   codes = jnp.where(poison_full, jnp.uint8(0), codes)
   scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code), encoding.encode(s_dec, e4m3))
   scale_codes = jnp.squeeze(scale_codes, axis=bpos)
-  return QuantizedArray(codes=codes, scales=scale_codes,
-                        tensor_scale=np.float32(1.0) / s_enc, fmt=f.name,
-                        scale_fmt="e4m3", axes=axes, block_shape=blocks, shape=shape,
-                        scale_rule="nvfp4")
+  # element * E4M3 scale is exact in float32 (at most 2 + 4 significant bits, >= 2^-10).
+  values = elem_f * jnp.broadcast_to(s_dec, bshape).reshape(xp.shape)
+  values = jnp.where(poison_full, np.float32(np.nan), values)
+  return codes, scale_codes, values
 
 
 def _expand_scales(q: QuantizedArray, values: jax.Array) -> jax.Array:

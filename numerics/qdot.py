@@ -39,8 +39,8 @@ from numerics import clipping
 from numerics import dge
 from numerics import formats as formats_lib
 from numerics import hadamard as hadamard_lib
+from numerics import kernels
 from numerics import macro_scaling
-from numerics import quantizer
 from numerics import recipes as recipes_lib
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
@@ -71,12 +71,14 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
     x = x * np.float32(op.prescale)
   if op.clip == "rms":
     x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
+  # The fused Pallas kernel on GPU/TPU where the spec allows (same bits), else jnp;
+  # the rule and its NUMERICS_KERNELS override: numerics.kernels.dispatch.
   if op.macro_block is None:
-    return quantizer.quantize_dequantize(x, spec, key)
+    return kernels.quantize_dequantize(x, spec, key)
   fmt_max = float(formats_lib.get(op.fmt).max)
   s = macro_scaling.macro_block_scales(
       x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
-  return quantizer.quantize_dequantize(x / s, spec, key) * s
+  return kernels.quantize_dequantize(x / s, spec, key) * s
 
 
 def _prescale(op: recipes_lib.OperandQuant | None) -> float:

@@ -116,6 +116,60 @@ def ldexp_bits(a: jax.Array, k: jax.Array | int) -> jax.Array:
   return jnp.where(a == 0, _U(0), jnp.where(e_new >= -126, normal, sub))
 
 
+def _magnitude_parts(v) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """(magnitude bits, (significand, exponent)) of float32 ``v``; a Python or NumPy
+  constant is split in NumPy (Triton kernels cannot bitcast a literal)."""
+  if isinstance(v, (int, float, np.number, np.ndarray)):
+    bits = np.asarray(v, np.float32).view(np.uint32) & _U(0x7FFFFFFF)
+    m, e = np.frexp(np.asarray(bits, np.uint32).view(np.float32).astype(np.float64))
+    ok = bits != 0
+    sig = np.where(ok, np.ldexp(m, 24), 0).astype(np.uint32)
+    return bits, (sig, np.where(ok, e - 1, -127).astype(np.int32))
+  bits = lax.bitcast_convert_type(jnp.asarray(v, jnp.float32), jnp.uint32) & _U(0x7FFFFFFF)
+  return bits, split_bits(bits)
+
+
+def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
+  """float32 ``a / b`` for ``a, b >= 0`` finite, rounded to nearest even, by integer ops.
+
+  The same bits on every backend: Triton lowers float32 division to the approximate
+  ``div.full.f32``, TPUs divide through a reciprocal estimate, and XLA:CPU treats
+  subnormal operands as zero. A restoring long division of the 24-bit significands
+  (26 quotient bits, then guard and sticky) gives the IEEE result, subnormal results
+  included; ``b == 0`` gives Inf (and ``0 / 0`` gives Inf too: callers clamp it).
+  About 140 integer ops per element: meant for per-block and per-tensor scales.
+  """
+  abits, (sa, ea) = _magnitude_parts(a)
+  bbits, (sb, eb) = _magnitude_parts(b)
+  sb = jnp.maximum(sb, _U(1))  # b == 0 is patched below
+  r, q = sa, jnp.zeros(jnp.broadcast_shapes(sa.shape, sb.shape), jnp.uint32)
+  for _ in range(26):  # q = floor(sa 2^25 / sb) in [2^24, 2^26)
+    ge = r >= sb
+    q = (q << 1) | ge.astype(jnp.uint32)
+    r = jnp.where(ge, r - sb, r) << 1
+  big = q >= _U(1 << 25)
+  big_i = big.astype(jnp.int32)
+  e = ea - eb - _I(1) + big_i  # floor(log2(a / b))
+  # Bits of q below the 24 kept ones: 2 (or 1), plus 126 - e more for subnormals.
+  drop = _I(1) + big_i + jnp.maximum(_I(-126) - e, 0)
+  drop_c = jnp.minimum(drop, 27).astype(jnp.uint32)
+  m = jnp.where(drop >= 27, _U(0), q >> drop_c)
+  guard = jnp.where(drop >= 27, _U(0), (q >> (drop_c - _U(1))) & _U(1))
+  low = q & ((_U(1) << jnp.maximum(drop_c, _U(1)) - _U(1)) - _U(1))
+  sticky = (jnp.where(drop >= 27, q, low) != 0) | (r != 0)
+  m = m + (guard & (sticky.astype(jnp.uint32) | (m & _U(1))))
+  normal = e >= -126
+  # m is 24 bits (25 after a rounding carry) for normals, the fraction for subnormals.
+  carry = normal & (m >= _U(1 << 24))
+  m = jnp.where(carry, m >> 1, m)
+  e = e + carry.astype(jnp.int32)
+  bits = jnp.where(normal, ((e + 127).astype(jnp.uint32) << 23) | (m & _U(0x7FFFFF)), m)
+  bits = jnp.where(normal & (e > 127), _U(0x7F800000), bits)
+  bits = jnp.where(abits == 0, _U(0), bits)
+  bits = jnp.where(bbits == 0, _U(0x7F800000), bits)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def round_magnitude(a: jax.Array, man_bits: int, emin: int, rounding: str,
                     words: jax.Array | None = None, rand_bits: int | None = None,
                     scale_exp: jax.Array | int = 0) -> jax.Array:

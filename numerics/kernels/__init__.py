@@ -1,18 +1,33 @@
-"""Pallas kernels, each beside its jnp reference.
+"""Pallas kernels for block-scaled numerics, compiled for GPU (Triton) and TPU (Mosaic).
 
-* :func:`mx_quantize`: fused OCP MX quantization of a 2D array in 1x32 blocks along
-  the last axis (amax, scale, cast, optional stochastic rounding with in-kernel
-  counter-hash random bits, so the result does not depend on the tiling).
-* :func:`mx_matmul`: a block-scaled matmul consuming MX codes and E8M0 scales and
-  accumulating in float32.
+* :func:`mx_quantize`: OCP MX quantization (1x32 blocks along the last axis, every
+  element format and scale rule, nearest or stochastic rounding with in-kernel
+  counter-hash words) -> codes + E8M0 scales.
+* :func:`nvfp4_quantize`: NVFP4 (1x16 blocks, E4M3 scales, fp32 tensor scale).
+* :func:`mx_quantize_dequantize`, :func:`nvfp4_quantize_dequantize`: fused fake
+  quantization (the training path's operand quantizer), blocks along the last or the
+  second-to-last axis.
+* :func:`mx_matmul`: block-scaled matmul on MX codes and scales, fp32 accumulation.
+* :func:`quantize_dequantize`: a :class:`numerics.QuantSpec` through the fused kernel
+  when the spec and the platform allow it, else through the jnp path (what
+  :mod:`numerics.qdot` calls for every GEMM operand).
 
-Dispatch: compiled Pallas on GPU/TPU, the fused jnp path on the CPU, and
-``interpret=True`` (Pallas interpret mode, any backend) in the tests, which hold the
-kernels equal to the references bit for bit. ``python -m numerics.kernels.check``
-runs the kernels compiled on an accelerator and prints their throughput.
+Dispatch rule (:mod:`numerics.kernels.dispatch`): compiled Pallas on GPU/TPU, the jnp
+path on the CPU; ``use_kernel=``/``interpret=`` per call or ``NUMERICS_KERNELS`` =
+``auto|jnp|pallas|interpret`` for the process override it. Every kernel is bit-exact
+with the jnp path and with the independent NumPy references in interpret mode
+(``tests/numerics/kernels``) and lowers for ``cuda`` and ``tpu`` in CI
+(``python -m numerics.kernels.lowering`` prints the table).
+The device check: ``python -m experiments.benchmarks.kernel_check
+--out=device_check.json``.
 """
 
-from numerics.kernels.mx_matmul import mx_matmul, mx_matmul_reference
-from numerics.kernels.mx_quantize import mx_quantize
+from numerics.kernels.dispatch import ENV_VAR, IMPLS
+from numerics.kernels.block_matmul import mx_matmul
+from numerics.kernels.mx_quantizers import mx_quantize, mx_quantize_dequantize
+from numerics.kernels.nvfp4_quantizers import nvfp4_quantize, nvfp4_quantize_dequantize
+from numerics.kernels.operand import kernel_eligible, quantize_dequantize
 
-__all__ = ["mx_matmul", "mx_matmul_reference", "mx_quantize"]
+__all__ = ["ENV_VAR", "IMPLS", "kernel_eligible", "mx_matmul", "mx_quantize",
+           "mx_quantize_dequantize", "nvfp4_quantize", "nvfp4_quantize_dequantize",
+           "quantize_dequantize"]

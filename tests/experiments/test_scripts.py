@@ -1,5 +1,6 @@
 """Smoke tests of the demo and benchmark scripts: they run and print what they claim."""
 
+import json
 import subprocess
 import sys
 
@@ -23,8 +24,18 @@ def test_demo_formats_prints_every_format():
     ("experiments.benchmarks.numerics_throughput", ["--size=65536", "--repeats=1"]),
     ("experiments.benchmarks.qtrain_step", ["--d_model=32", "--layers=1", "--batch=2", "--seq=32",
                                   "--repeats=1", "--recipes=bf16,mxfp8"]),
-    ("numerics.kernels.check", ["--interpret", "--skip_tests"]),
 ])
 def test_benchmarks_run_small(script, args):
   out = _run(script, *args)
   assert out.strip()
+
+
+def test_kernel_check_smoke_writes_its_json(tmp_path):
+  out = tmp_path / "check.json"
+  _run("experiments.benchmarks.kernel_check", "--interpret", "--skip_tests", "--skip_train",
+       "--kernels=mx_quantize_dequantize e4m3 axis -2", f"--out={out}")
+  report = json.loads(out.read_text())
+  assert report["skipped"] == ["correctness", "train_step"]
+  assert set(report["kernels"]) == {"mx_quantize_dequantize e4m3 axis -2"}
+  assert report["bandwidth"]["copy_gb_per_s"] > 0
+  assert report["matmul"]["mx_matmul e4m3 x e4m3"]["tflop_per_s"] > 0

@@ -312,6 +312,22 @@ def test_nvfp4_matches_te_reference(block_shape):
   _bits_equal(numerics.dequantize(q), want)
 
 
+def test_nvfp4_float32_subnormal_inputs_follow_the_spec():
+  """Regression: XLA:CPU treated subnormal inputs of ``x * enc`` and
+  ``block_amax * S_enc/6`` as zero, zeroing NVFP4 codes and scales the spec's float32
+  arithmetic (NumPy, GPU) keeps."""
+  x = np.zeros((2, 32), np.float32)
+  x[0, :16] = 5e-39 * np.arange(1, 17)  # subnormal elements in a normal-amax block
+  x[0, 16:] = 6e-40 * np.arange(16)  # a block of subnormals only
+  x[1] = np.linspace(-1e-33, 1e-33, 32)  # S_enc ~ 2.7e36, 1/S_enc still normal
+  q = numerics.quantize_nvfp4(jnp.asarray(x))
+  codes, scales, inv, _ = ref.quantize_nvfp4(x)  # (dequantized values this small
+  np.testing.assert_array_equal(np.asarray(q.codes), codes)  # are subnormal: CPU flushes)
+  np.testing.assert_array_equal(np.asarray(q.scales), scales)
+  assert float(q.tensor_scale) == float(inv)
+  assert np.all(codes[0, :2] != 0) and scales[0, 1] != 0
+
+
 def test_nvfp4_hand_worked_and_specials():
   # amax 2688 = 448 * 6 gives S_enc = 1; a block with amax 6 gets scale 1.
   x = jnp.array([2688.0] + [0.0] * 15 + [6.0, 1.0, -2.5, 0.2] + [0.0] * 12)

@@ -19,6 +19,7 @@ import pytest
 from scipy import stats
 
 from numerics import random_bits
+from tests.numerics.hash_reference import lowbias32_np, seeds_np
 
 ALPHA = 4e-8
 N = 1 << 20
@@ -63,28 +64,7 @@ def assert_uncorrelated(a, b, msg):
   assert abs(r) * np.sqrt(u.size) < 5.5, f"{msg}: r={r}"
 
 
-def lowbias32_np(x):
-  x = np.asarray(x, np.uint32)
-  with np.errstate(over="ignore"):
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(0x7FEB352D)
-    x = x ^ (x >> np.uint32(15))
-    x = x * np.uint32(0x846CA68B)
-    x = x ^ (x >> np.uint32(16))
-  return x
-
-
 # ----------------------------------------------------------------------------- definition
-
-
-def seeds_np(data):
-  """The documented seed derivation: all key words hashed together."""
-  with np.errstate(over="ignore"):
-    h = np.uint32(0x9E3779B9)
-    for w in np.asarray(data, np.uint32).reshape(-1):
-      h = lowbias32_np(h ^ w) + np.uint32(0x85EBCA6B)
-    s0 = lowbias32_np(h)
-    return s0, lowbias32_np(s0 ^ np.uint32(0xC2B2AE35))
 
 
 def test_hash_matches_documented_formula():

@@ -405,3 +405,21 @@ def test_scalar_and_shapes():
   y = jax.jit(lambda v: numerics.cast(v, "e2m1", rounding="stochastic",
                                       key=jax.random.key(0)))(jnp.zeros((0, 3)))
   chex.assert_shape(y, (0, 3))
+
+
+def test_div_rn_is_ieee_division_from_integer_ops():
+  """Bit for bit NumPy's float32 division (no flushing) over random bit patterns
+  (subnormal operands and results, overflow to Inf) and hand cases."""
+  rng = np.random.default_rng(0)
+  n = 1 << 16
+  a = rng.integers(0, 0x7F800000, n, dtype=np.uint32).view(np.float32)
+  b = rng.integers(0, 0x7F800000, n, dtype=np.uint32).view(np.float32)
+  near = rng.uniform(0.5, 4.0, (2, n)).astype(np.float32)  # exponents close together
+  hand = np.array([[1.0, 3.0], [2688.0, 1.4e-45], [1.0, 3.4028235e38], [6.0, 6.0],
+                   [0.0, 5.0], [7.0, 0.0], [1.1754942e-38, 2.0], [3.0, 1.0000001]],
+                  np.float32).T
+  for x, y in ((a, b), (near[0], near[1]), (a, near[1]), (hand[0], hand[1])):
+    got = np.asarray(jax.jit(numerics.rounding.div_rn)(x, y))
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+      want = (x / y).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

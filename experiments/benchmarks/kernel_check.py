@@ -1,0 +1,375 @@
+"""Device check of the Pallas kernels: correctness compiled, throughput, training step.
+
+    # on one GPU/TPU, designed for ~8 min:
+    python -m experiments.benchmarks.kernel_check --out=device_check.json
+    # a CPU smoke run in interpret mode:
+    python -m experiments.benchmarks.kernel_check --interpret --out=/tmp/smoke.json
+
+One command, one JSON file, in three stages (each skipped, and recorded as skipped,
+once ``--time_budget_s`` is spent):
+
+1. ``correctness``: tests/numerics/kernels/test_kernels.py with
+   NUMERICS_KERNEL_COMPILED=1 -- every kernel compiled on the device against the
+   independent NumPy references (bit for bit; the matmul bit for bit on exactly
+   summable operands, within float32 accumulation error otherwise). Per-test outcomes.
+2. ``bandwidth`` and ``kernels``: the device's copy bandwidth (``x + 1`` on float32,
+   read + write), then each quantize kernel and its jnp (XLA) path: milliseconds, the
+   bytes it must move, and that rate as a fraction of the copy bandwidth; ``matmul``:
+   the block-scaled matmul in TFLOP/s against a bf16 ``jnp.dot`` of the same shape.
+3. ``train_step``: one jitted training step (forward, backward, AdamW) of the
+   quick-start LM (experiments/lm.py's defaults: d_model 128, 2 layers, 4 heads, d_ff
+   512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
+   kernels dispatched as on a user's machine, as a ratio to bf16; ``mxfp8 (jnp)`` is
+   mxfp8 with NUMERICS_KERNELS=jnp, and ``pallas_calls`` counts the kernels in the step.
+
+Timings: each call is dispatched ``--iters`` times back to back and the mean taken (so
+Python dispatch overlaps device work), the best of ``--repeats``; compare ratios.
+Targets on an H200 (benchmarks, not tests): quantize kernels >= 0.8 of copy
+bandwidth; the mxfp8 training step <= 1.2x bf16.
+
+It lives in experiments/ (not numerics/kernels/) because it builds the LM from
+models/ and experiments/common/, and imports only go downwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+
+# The pytest subprocess and this process share the accelerator: allocate on demand.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=wrong-import-position
+import jax  # pylint: disable=wrong-import-position
+import jax.numpy as jnp  # pylint: disable=wrong-import-position
+import optax  # pylint: disable=wrong-import-position
+
+import numerics  # pylint: disable=wrong-import-position
+from numerics import kernels  # pylint: disable=wrong-import-position
+from numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
+from numerics.kernels import dispatch  # pylint: disable=wrong-import-position
+from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
+from experiments.common import run_metadata  # pylint: disable=wrong-import-position
+from models import transformer  # pylint: disable=wrong-import-position
+
+_OUT = flags.DEFINE_string("out", "device_check.json", "where to write the JSON")
+_INTERPRET = flags.DEFINE_bool("interpret", False,
+                               "CPU smoke run: interpret mode, tiny shapes")
+_SKIP_TESTS = flags.DEFINE_bool("skip_tests", False, "skip the correctness stage")
+_SKIP_BENCH = flags.DEFINE_bool("skip_bench", False, "skip the throughput stage")
+_SKIP_TRAIN = flags.DEFINE_bool("skip_train", False, "skip the training-step stage")
+_ROWS = flags.DEFINE_integer("rows", 8192, "rows of the quantized array")
+_COLS = flags.DEFINE_integer("cols", 8192, "columns of the quantized array")
+_MM = flags.DEFINE_integer("mm", 4096, "M = N = K of the timed matmul")
+_RECIPES = flags.DEFINE_list("recipes", list(recipes_lib.names()),
+                             "recipes of the training-step stage (bf16 is always added)")
+_KERNELS = flags.DEFINE_list("kernels", [], "quantize kernels to time (default: all)")
+_ITERS = flags.DEFINE_integer("iters", 20, "calls per timing")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "timings per measurement (best kept)")
+_BUDGET = flags.DEFINE_float("time_budget_s", 450.0,
+                             "skip remaining stages after this many seconds")
+_TEST_TIMEOUT = flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _Clock:
+  def __init__(self, budget_s: float):
+    self.t0 = time.perf_counter()
+    self.budget_s = budget_s
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.t0
+
+  def left(self) -> float:
+    return self.budget_s - self.elapsed()
+
+
+def time_call(fn, *args, iters: int, repeats: int) -> float:
+  """Seconds per call: ``iters`` calls dispatched back to back, best of ``repeats``."""
+  jax.block_until_ready(fn(*args))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    best = min(best, (time.perf_counter() - t0) / iters)
+  return best
+
+
+# ----------------------------------------------------------------------------- stage 1
+
+
+def run_correctness(interpret: bool, timeout_s: float) -> dict:
+  """Runs the kernel tests (compiled unless ``interpret``) and returns their outcomes."""
+  env = dict(os.environ)
+  if not interpret:
+    env["NUMERICS_KERNEL_COMPILED"] = "1"
+  with tempfile.TemporaryDirectory() as tmp:
+    xml = os.path.join(tmp, "junit.xml")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+           f"--junitxml={xml}", str(_ROOT / "tests/numerics/kernels/test_kernels.py")]
+    t0 = time.perf_counter()
+    try:
+      proc = subprocess.run(cmd, env=env, cwd=_ROOT, capture_output=True, text=True,
+                            timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      return {"exit_code": None, "error": f"timed out after {timeout_s:.0f} s"}
+    result = {"exit_code": proc.returncode, "seconds": time.perf_counter() - t0,
+              "compiled": not interpret, "tests": {}}
+    if os.path.exists(xml):
+      for case in ElementTree.parse(xml).getroot().iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+          node = case.find(tag)
+          if node is not None:
+            outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+            if tag != "skipped":
+              result.setdefault("failures", {})[case.get("name")] = (
+                  node.get("message") or "")[:500]
+        result["tests"][case.get("name")] = outcome
+    counts = {}
+    for outcome in result["tests"].values():
+      counts[outcome] = counts.get(outcome, 0) + 1
+    result["counts"] = counts
+    result["output_tail"] = proc.stdout[-2000:]
+    return result
+
+
+# ----------------------------------------------------------------------------- stage 2
+
+
+def _rate(seconds: float, nbytes: int, copy_bw: float) -> dict:
+  return {"ms": seconds * 1e3, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9,
+          "fraction_of_copy": nbytes / seconds / copy_bw}
+
+
+def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict, dict]:
+  """(bandwidth, kernels, matmul) records."""
+  rows, cols = (256, 512) if interpret else (_ROWS.value, _COLS.value)
+  n = rows * cols
+  x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
+  key = jax.random.key(1)
+  t = time_call(jax.jit(lambda x: x + 1.0), x, iters=iters, repeats=repeats)
+  copy_bw = 8 * n / t
+  bandwidth = {"shape": [rows, cols], "copy_ms": t * 1e3, "copy_gb_per_s": copy_bw / 1e9,
+               "bytes": 8 * n}
+  on = dict(interpret=True) if interpret else dict(use_kernel=True)
+  off = dict(use_kernel=False)
+  codes_out = n + n // 32  # uint8 codes + E8M0 scales
+  cases = {
+      "mx_quantize e4m3 nearest": (
+          lambda x, k, m: kernels.mx_quantize(x, "e4m3", **m).codes, 4 * n + codes_out),
+      "mx_quantize e4m3 stochastic": (
+          lambda x, k, m: kernels.mx_quantize(x, "e4m3", rounding="stochastic", key=k,
+                                              **m).codes, 4 * n + codes_out),
+      "mx_quantize e2m1 stochastic": (
+          lambda x, k, m: kernels.mx_quantize(x, "e2m1", scale_rule="alto",
+                                              rounding="stochastic", key=k, **m).codes,
+          4 * n + codes_out),
+      # NVFP4's tensor amax is a separate reduction pass: x is read twice.
+      "nvfp4_quantize stochastic": (
+          lambda x, k, m: kernels.nvfp4_quantize(x, rounding="stochastic", key=k,
+                                                 **m).codes, 8 * n + n + n // 16),
+      "mx_quantize_dequantize e4m3 axis -1": (
+          lambda x, k, m: kernels.mx_quantize_dequantize(x, "e4m3", scale_rule="rceil",
+                                                         **m), 8 * n),
+      "mx_quantize_dequantize e4m3 axis -2": (
+          lambda x, k, m: kernels.mx_quantize_dequantize(x, "e4m3", axis=-2,
+                                                         scale_rule="rceil", **m), 8 * n),
+      "mx_quantize_dequantize e2m1 stochastic axis -2": (
+          lambda x, k, m: kernels.mx_quantize_dequantize(
+              x, "e2m1", axis=-2, scale_rule="alto", rounding="stochastic", key=k, **m),
+          8 * n),
+      "nvfp4_quantize_dequantize stochastic axis -1": (
+          lambda x, k, m: kernels.nvfp4_quantize_dequantize(x, rounding="stochastic",
+                                                            key=k, **m), 12 * n),
+  }
+  unknown = set(_KERNELS.value) - set(cases)
+  if unknown:
+    raise ValueError(f"unknown --kernels {sorted(unknown)}; known: {sorted(cases)}")
+  records = {}
+  for name, (fn, nbytes) in cases.items():
+    if _KERNELS.value and name not in _KERNELS.value:
+      continue
+    rec = {}
+    for label, mode in (("kernel", on), ("jnp", off)):
+      f = jax.jit(lambda x, k, fn=fn, mode=mode: fn(x, k, mode))
+      rec[label] = _rate(time_call(f, x, key, iters=iters, repeats=repeats), nbytes,
+                         copy_bw)
+    records[name] = rec
+    print(f"{name:48s} kernel {rec['kernel']['fraction_of_copy']:.2f} of copy, "
+          f"jnp {rec['jnp']['fraction_of_copy']:.2f}", flush=True)
+
+  size = 128 if interpret else _MM.value
+  ka, kb = jax.random.split(key)
+  a = jax.random.normal(ka, (size, size), jnp.float32)
+  b = jax.random.normal(kb, (size, size), jnp.float32)
+  flops = 2 * size ** 3
+  bf = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+  abf, bbf = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  t_bf16 = time_call(bf, abf, bbf, iters=iters, repeats=repeats)
+  matmul = {"size": size, "bf16_jnp_dot": {"ms": t_bf16 * 1e3,
+                                           "tflop_per_s": flops / t_bf16 / 1e12}}
+  for fa, fb in (("e4m3", "e4m3"), ("e2m1", "e2m1")):
+    qa = numerics.quantize_mx(a, fa)
+    qb = numerics.quantize_mx(b, fb, axis=0)
+    f = jax.jit(lambda qa, qb: kernels.mx_matmul(qa, qb, **on))
+    t = time_call(f, qa, qb, iters=iters, repeats=repeats)
+    matmul[f"mx_matmul {fa} x {fb}"] = {"ms": t * 1e3, "tflop_per_s": flops / t / 1e12,
+                                        "time_vs_bf16": t / t_bf16}
+    print(f"mx_matmul {fa} x {fb} {size}^3: {flops / t / 1e12:.1f} TFLOP/s "
+          f"(bf16 jnp.dot {flops / t_bf16 / 1e12:.1f})", flush=True)
+  return bandwidth, records, matmul
+
+
+# ----------------------------------------------------------------------------- stage 3
+
+
+def count_primitive(jaxpr, name: str) -> int:
+  """Equations of primitive ``name`` in ``jaxpr`` and every sub-jaxpr (jit, custom_vjp,
+  cond branches: a platform_dependent switch counts each platform's kernel)."""
+  def subs(value):
+    if hasattr(value, "jaxpr") and hasattr(value, "consts"):  # ClosedJaxpr
+      yield value.jaxpr
+    elif hasattr(value, "eqns"):  # Jaxpr
+      yield value
+    elif isinstance(value, (tuple, list)):
+      for v in value:
+        yield from subs(v)
+
+  n = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == name:
+      n += 1
+      continue
+    for value in eqn.params.values():
+      for sub in subs(value):
+        n += count_primitive(sub, name)
+  return n
+
+
+def _lm_config(interpret: bool) -> dict:
+  if interpret:
+    return dict(d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=32, batch=2)
+  return dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, seq_len=128, batch=32)
+
+
+def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int) -> dict:
+  """Seconds per jitted LM train step under ``recipe`` with NUMERICS_KERNELS=impl."""
+  previous = os.environ.get(dispatch.ENV_VAR)
+  os.environ[dispatch.ENV_VAR] = impl
+  try:
+    vocab = 65
+    model = transformer.DecoderLM(
+        transformer.TransformerConfig(vocab_size=vocab, d_model=cfg["d_model"],
+                                      num_layers=cfg["num_layers"],
+                                      num_heads=cfg["num_heads"], d_ff=cfg["d_ff"],
+                                      max_len=cfg["seq_len"]),
+        **recipe_flag.make_model_dot_generals(recipe))
+    tokens = jax.random.randint(jax.random.key(0), (cfg["batch"], cfg["seq_len"] + 1), 0,
+                                vocab)
+    params = model.init(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
+    opt = optax.adamw(1e-3)
+
+    def step(state, tokens, key):
+      params, opt_state = state
+      def loss_fn(p):
+        logits = model.apply(p, tokens[:, :-1], key)
+        return transformer.next_token_loss(logits, tokens[:, 1:])[0]
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = opt.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), loss
+
+    state = (params, opt.init(params))
+    key = jax.random.key(3)
+    pallas_calls = count_primitive(jax.make_jaxpr(step)(state, tokens, key).jaxpr,
+                                   "pallas_call")
+    jitted = jax.jit(step)
+    t0 = time.perf_counter()
+    jax.block_until_ready(jitted(state, tokens, key))
+    compile_s = time.perf_counter() - t0
+    seconds = time_call(jitted, state, tokens, key, iters=iters, repeats=repeats)
+  finally:
+    if previous is None:
+      os.environ.pop(dispatch.ENV_VAR, None)
+    else:
+      os.environ[dispatch.ENV_VAR] = previous
+  return {"ms": seconds * 1e3, "compile_s": compile_s, "pallas_calls": pallas_calls,
+          "kernels": impl}
+
+
+def run_train(interpret: bool, recipes: list[str], clock: _Clock, iters: int,
+              repeats: int) -> dict:
+  cfg = _lm_config(interpret)
+  arms = [("bf16", "bf16", "auto")]
+  arms += [(r, r, "interpret" if interpret else "auto") for r in recipes if r != "bf16"]
+  if "mxfp8" in recipes:
+    arms.append(("mxfp8 (jnp)", "mxfp8", "jnp"))
+  out = {"config": cfg, "vocab": 65, "recipes": {}, "skipped": []}
+  base = None
+  for label, recipe, impl in arms:
+    if clock.left() <= 0:
+      out["skipped"].append(label)
+      continue
+    rec = train_step_time(recipe, impl, cfg, iters, repeats)
+    base = base or rec["ms"]
+    rec["vs_bf16"] = rec["ms"] / base
+    out["recipes"][label] = rec
+    print(f"train step {label:14s} {rec['ms']:8.2f} ms  {rec['vs_bf16']:.2f}x bf16  "
+          f"({rec['pallas_calls']} pallas_calls, compile {rec['compile_s']:.1f} s)",
+          flush=True)
+  return out
+
+
+def main(argv):
+  del argv
+  interpret = _INTERPRET.value
+  clock = _Clock(_BUDGET.value)
+  iters, repeats = (2, 1) if interpret else (_ITERS.value, _REPEATS.value)
+  report = {"argv": sys.argv, "git": run_metadata.git_state(), "jax": jax.__version__,
+            "interpret": interpret, "skipped": []}
+  if _SKIP_TESTS.value:
+    report["skipped"].append("correctness")
+  else:  # before this process touches the accelerator
+    report["correctness"] = run_correctness(
+        interpret, min(_TEST_TIMEOUT.value, max(clock.left(), 1.0)))
+    print(f"correctness: {report['correctness'].get('counts')} "
+          f"(exit {report['correctness'].get('exit_code')})", flush=True)
+  dev = jax.devices()[0]
+  report["device"] = {"kind": dev.device_kind, "platform": dev.platform,
+                      "backend": jax.default_backend(), "count": jax.device_count()}
+  print(f"device: {dev.device_kind} ({jax.default_backend()}), interpret={interpret}",
+        flush=True)
+  if not interpret and jax.default_backend() not in ("gpu", "tpu"):
+    print("no accelerator: run with --interpret for a CPU smoke run")
+    return 1
+  if _SKIP_BENCH.value or clock.left() <= 0:
+    report["skipped"].append("throughput")
+  else:
+    report["bandwidth"], report["kernels"], report["matmul"] = run_bandwidth(
+        interpret, iters, repeats)
+  if _SKIP_TRAIN.value or clock.left() <= 0:
+    report["skipped"].append("train_step")
+  else:
+    report["train_step"] = run_train(interpret, list(_RECIPES.value), clock, iters,
+                                      repeats)
+  report["elapsed_s"] = clock.elapsed()
+  with open(_OUT.value, "w") as f:
+    json.dump(report, f, indent=2, sort_keys=True)
+  print(f"wrote {_OUT.value} ({report['elapsed_s']:.0f} s)")
+  failed = report.get("correctness", {}).get("exit_code") not in (0, None)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  app.run(main)

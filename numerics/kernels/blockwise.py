@@ -1,0 +1,213 @@
+"""The tiled ``pallas_call`` every block-quantizer kernel runs.
+
+A 2D array ``(R, C)`` with 1D blocks along ``axis`` (1: ``block`` consecutive
+elements of a row; 0: of a column) is cut into ``(tr, tc)`` tiles, each holding whole
+blocks; one kernel instance quantizes one tile. Outputs are either tile-shaped
+(``"full"``: codes or dequantized values) or one value per block (``"blocks"``:
+scale codes, ``(R, C/block)`` or ``(R/block, C)``). Tiles at the ragged ends of the
+non-blocked axis (and of the blocked axis, which is a multiple of ``block``) are
+partial: the backend masks the out-of-range part, which holds whole blocks of its own
+that are never stored, so no valid block sees them.
+
+Stochastic rounding draws the counter-hash word of :mod:`numerics.random_bits` at the
+element's global row-major index (``row * C + col``), so every tiling, and the jnp
+reference, see the same bits.
+
+Tiles (``tile=None``), chosen per backend:
+
+* GPU (Triton): power-of-two tiles of 4096 elements, ``(16, 256)`` when blocks run
+  along a row (axis 1) and ``(32, 128)`` when they run down a column (axis 0), clamped
+  to the array; 4 warps: about 32 elements per thread, so the integer rounding's
+  temporaries can stay in registers.
+* TPU (Mosaic): the last dim in lanes, ``tc`` a multiple of 128 (of ``128 * block``
+  when a per-block output is stored, so its lane dim is too) or the whole row, up to
+  8192; ``tr`` a multiple of 32 (uint8 outputs tile as (32, 128)) for tiles of about
+  64K elements. Scalars (seeds, tensor scales) live in SMEM.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+import numpy as np
+
+from numerics import random_bits as random_bits_lib
+from numerics.kernels import dispatch
+
+FULL, BLOCKS = "full", "blocks"
+_GPU_TILES = {1: (16, 256), 0: (32, 128)}
+_TPU_MAX_COLS = 8192
+_TPU_TILE_ELEMS = 65536
+_TPU_ROWS_AXIS0 = 256
+_TPU_COLS_AXIS0 = 512
+
+# body(x_tile_f32, words_fn, scalars_ref) -> one array per output
+Body = Callable[..., Sequence[jax.Array]]
+
+
+def default_tile(variant: str, shape: tuple[int, int], axis: int, block: int,
+                 block_outputs: bool) -> tuple[int, int]:
+  """The ``(tr, tc)`` tile of ``variant`` for an ``(R, C)`` array (see module doc)."""
+  r, c = shape
+  if variant == dispatch.GPU:
+    tr, tc = _GPU_TILES[axis]
+    return min(tr, dispatch.next_pow2(r)), min(tc, dispatch.next_pow2(c))
+  if axis == 0:
+    tr = r if r <= _TPU_ROWS_AXIS0 else _TPU_ROWS_AXIS0
+    return tr, (c if c <= _TPU_COLS_AXIS0 else _TPU_COLS_AXIS0)
+  lane = 128 * block if block_outputs else 128
+  if c <= _TPU_MAX_COLS or c % lane:
+    tc = c
+  else:
+    tc = _TPU_MAX_COLS // lane * lane
+  tr = max(32, _TPU_TILE_ELEMS // tc // 32 * 32)
+  return (r if tr >= r else tr), tc
+
+
+def check_tile(variant: str, axis: int, block: int, tile: tuple[int, int]
+               ) -> tuple[int, int]:
+  """Validates an explicit tile (whole blocks; powers of two for Triton)."""
+  tr, tc = (int(t) for t in tile)
+  if tr < 1 or tc < 1:
+    raise ValueError(f"tile must be positive, got {tile}")
+  if (tr, tc)[axis] % block:
+    raise ValueError(f"tile {tile} must hold whole blocks of {block} along axis {axis}")
+  if variant == dispatch.GPU and (tr & (tr - 1) or tc & (tc - 1)):
+    raise ValueError(f"Triton tiles must be powers of two, got {tile}")
+  return tr, tc
+
+
+def _scalar_spec(variant: str):
+  if variant == dispatch.TPU:
+    return pl.BlockSpec(memory_space=pltpu.SMEM)
+  return pl.BlockSpec((2,), lambda i, j: (0,))
+
+
+def _compiler_params(variant: str):
+  if variant == dispatch.TPU:
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+  return pltriton.CompilerParams(num_warps=4, num_stages=1)
+
+
+def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
+                   outputs: Sequence[tuple[str, jnp.dtype]], seeds: jax.Array,
+                   scalars: jax.Array, variant: str, interpret: bool,
+                   tile: tuple[int, int] | None = None, name: str = "blockwise"
+                   ) -> list[jax.Array]:
+  """Runs ``body`` over the tiles of 2D ``x`` (float32/bfloat16, ``(R, C)``).
+
+  Args:
+    body: ``body(x_f32, words, scalars_ref)``: ``x_f32`` the float32 tile,
+      ``words()`` the tile's uint32 random words (the hash at global row-major
+      indices), ``scalars_ref`` the float32 (2,) scalar input; returns one array per
+      entry of ``outputs``.
+    axis, block: blocks of ``block`` along ``axis`` (``x.shape[axis] % block == 0``).
+    outputs: ``(kind, dtype)`` per output, kind ``"full"`` or ``"blocks"``.
+    seeds: uint32 (2,) hash seeds; scalars: float32 (2,).
+    variant: ``"gpu"`` or ``"tpu"`` (tiling, scalar memory space, compiler params).
+    interpret: Pallas interpret mode.
+    tile: explicit ``(tr, tc)``; default :func:`default_tile`.
+  """
+  r, c = x.shape
+  block_out = any(kind == BLOCKS for kind, _ in outputs)
+  if tile is None:
+    tr, tc = default_tile(variant, (r, c), axis, block, block_out)
+  else:
+    tr, tc = check_tile(variant, axis, block, tile)
+  grid = (dispatch.cdiv(r, tr), dispatch.cdiv(c, tc))
+
+  def kernel(seed_ref, scal_ref, x_ref, *out_refs):
+    def words():
+      if r * c >= 2 ** 32:
+        raise ValueError(f"the hash generator indexes at most 2^32 elements, got "
+                         f"{x.shape}")
+      rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, (tr, tc), 0)
+      cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, (tr, tc), 1)
+      index = rows.astype(jnp.uint32) * np.uint32(c) + cols.astype(jnp.uint32)
+      return random_bits_lib.hash_words(index, seed_ref[0], seed_ref[1])
+    results = body(x_ref[...].astype(jnp.float32), words, scal_ref)
+    for ref, value in zip(out_refs, results, strict=True):
+      ref[...] = value
+
+  tile_spec = pl.BlockSpec((tr, tc), lambda i, j: (i, j))
+  if axis == 1:
+    block_spec = pl.BlockSpec((tr, tc // block), lambda i, j: (i, j))
+    block_shape = (r, c // block)
+  else:
+    block_spec = pl.BlockSpec((tr // block, tc), lambda i, j: (i, j))
+    block_shape = (r // block, c)
+  out_specs, out_shapes = [], []
+  for kind, dtype in outputs:
+    if kind == FULL:
+      out_specs.append(tile_spec)
+      out_shapes.append(jax.ShapeDtypeStruct((r, c), dtype))
+    elif kind == BLOCKS:
+      out_specs.append(block_spec)
+      out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype))
+    else:
+      raise ValueError(f"unknown output kind {kind!r}")
+  return pl.pallas_call(
+      kernel,
+      grid=grid,
+      in_specs=[_scalar_spec(variant), _scalar_spec(variant), tile_spec],
+      out_specs=out_specs,
+      out_shape=out_shapes,
+      compiler_params=None if interpret else _compiler_params(variant),
+      interpret=interpret,
+      name=name,
+  )(seeds.astype(jnp.uint32), scalars.astype(jnp.float32), x)
+
+
+def seeds_of(key: jax.Array | None) -> jax.Array:
+  """uint32 (2,) hash seeds of ``key`` (zeros without one: deterministic roundings)."""
+  if key is None:
+    return jnp.zeros((2,), jnp.uint32)
+  return jnp.stack(random_bits_lib.key_to_seeds(key))
+
+
+def as_2d(x: jax.Array, block_axis: int) -> tuple[jax.Array, int]:
+  """``(x2, axis)``: ``x`` (blocks along ``block_axis``, the last or second-to-last
+  axis) as ``(rows, x.shape[-1])`` and the blocked axis of that 2D view.
+
+  Blocks along the second-to-last axis become blocks along the rows (a block never
+  straddles two of the flattened leading axes when the blocked extent is a multiple of
+  the block). The reshape is free (row-major) and keeps every element's row-major
+  index, so stochastic rounding's words are unchanged.
+  """
+  nd = x.ndim
+  if block_axis == nd - 1:
+    return x.reshape(-1, x.shape[-1]), 1
+  if nd >= 2 and block_axis == nd - 2:
+    return x.reshape(-1, x.shape[-1]), 0
+  raise ValueError(f"kernels block the last or second-to-last axis, got axis "
+                   f"{block_axis} of a {nd}-d array")
+
+
+def pad_blocked_axis(x: jax.Array, axis: int, block: int, pad: bool) -> jax.Array:
+  """``x`` zero-padded along ``axis`` to a multiple of ``block`` (or a clear error)."""
+  r = x.shape[axis] % block
+  if not r:
+    return x
+  if not pad:
+    raise ValueError(f"axis {axis} of shape {x.shape} has length {x.shape[axis]}, not "
+                     f"divisible by the block {block}; pass pad=True to zero-pad it")
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, block - r)
+  return jnp.pad(x, widths)
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+  """``axis`` as a non-negative int; the kernels block the last two axes only."""
+  if not isinstance(axis, int) or not -ndim <= axis < ndim:
+    raise ValueError(f"axis {axis!r} out of range for a {ndim}-d array")
+  axis %= ndim
+  if axis not in (ndim - 1, ndim - 2):
+    raise ValueError(f"the kernels block the last or second-to-last axis, got axis "
+                     f"{axis} of a {ndim}-d array; use numerics.quantize_mx")
+  return axis

@@ -1,0 +1,152 @@
+"""NVFP4 quantization kernels: E2M1 codes + E4M3 scales, and fused quantize-dequantize.
+
+NVFP4 (:func:`numerics.quantize_nvfp4`, Transformer Engine's chain): 1x16 blocks,
+E4M3 block scales ``S_dec = e4m3(min(block_amax * (S_enc / 6), 448))`` under an fp32
+tensor scale ``S_enc = 2688 / amax``. ``S_enc`` needs the amax of the whole tensor,
+which no tile sees, so it is one XLA reduction before the kernel
+(:func:`numerics.blockscale.nvfp4_tensor_scale`, as TPU's quantized-matmul kernel
+computes its abs-max outside); ``S_enc`` and ``1/S_enc`` enter the kernel as scalars
+(SMEM on TPU). The kernel body is :func:`numerics.blockscale.nvfp4_quantize_core` on
+one tile.
+
+* :func:`nvfp4_quantize`: codes, scale codes and the tensor scale, equal bit for bit
+  to ``numerics.quantize_nvfp4`` (blocks along the last axis).
+* :func:`nvfp4_quantize_dequantize`: float32 ``dequantize(quantize_nvfp4(x))`` in one
+  pass, blocks along the last or second-to-last axis (the training path's operand
+  quantizer for the ``nvfp4`` recipe's 1D operands).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from numerics import blockscale
+from numerics.blockscale import NVFP4_BLOCK
+from numerics import rounding as rounding_lib
+from numerics.kernels import blockwise
+from numerics.kernels import dispatch
+
+
+def _check(x, rounding, key, rand_bits):
+  if rounding not in rounding_lib.ROUNDINGS:
+    raise ValueError(f"unknown rounding {rounding!r}; known: "
+                     f"{', '.join(rounding_lib.ROUNDINGS)}")
+  if rounding == "stochastic" and key is None:
+    raise ValueError("rounding='stochastic' needs a PRNG key")
+  rounding_lib.check_rand_bits(rand_bits)
+  x = jnp.asarray(x)
+  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    raise TypeError(f"expected a float32, bfloat16 or float16 array, got {x.dtype}")
+  if x.ndim < 1:
+    raise ValueError("NVFP4 needs an array with at least one axis")
+  return x
+
+
+def _body(x, words, scalars, *, axis, rounding, rand_bits, dequantize):
+  w = words() if rounding == "stochastic" else None
+  codes, scales, values = blockscale.nvfp4_quantize_core(
+      x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w, rand_bits)
+  if dequantize:
+    return (values * scalars[1],)
+  return codes, scales
+
+
+_STATIC = ("axis", "rounding", "rand_bits", "tile", "impl", "interpret_as", "dequantize")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequantize):
+  xf = xp.astype(jnp.float32)
+  s_enc, inv_s_enc = blockscale.nvfp4_tensor_scale(xf)
+
+  def jnp_fn(xp, key, s_enc, inv_s_enc):
+    del s_enc, inv_s_enc
+    q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding, key=key,
+                                  rand_bits=rand_bits, rng="hash")
+    if dequantize:
+      return blockscale.dequantize(q)
+    return q.codes, q.scales
+
+  def kernel_fn(variant, interpret, xp, key, s_enc, inv_s_enc):
+    x2, axis2 = blockwise.as_2d(xp, axis)
+    body = functools.partial(_body, axis=axis2, rounding=rounding, rand_bits=rand_bits,
+                             dequantize=dequantize)
+    if dequantize:
+      outputs = ((blockwise.FULL, jnp.float32),)
+    else:
+      outputs = ((blockwise.FULL, jnp.uint8), (blockwise.BLOCKS, jnp.uint8))
+    res = blockwise.blockwise_call(
+        body, x2, axis=axis2, block=NVFP4_BLOCK, outputs=outputs,
+        seeds=blockwise.seeds_of(key), scalars=jnp.stack([s_enc, inv_s_enc]),
+        variant=variant, interpret=interpret, tile=tile,
+        name="nvfp4_quantize_dequantize" if dequantize else "nvfp4_quantize")
+    if dequantize:
+      return res[0].reshape(xp.shape)
+    return (res[0].reshape(xp.shape),
+            res[1].reshape(xp.shape[:-1] + (xp.shape[-1] // NVFP4_BLOCK,)))
+
+  out = dispatch.run(impl, jnp_fn, kernel_fn, xp, key, s_enc, inv_s_enc,
+                     interpret_as=interpret_as)
+  return out, inv_s_enc
+
+
+def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
+                   key: jax.Array | None = None, rand_bits: int | None = None,
+                   pad: bool = False, tile: tuple[int, int] | None = None,
+                   interpret: bool = False, use_kernel: bool | None = None,
+                   interpret_as: str = dispatch.GPU) -> blockscale.QuantizedArray:
+  """NVFP4 quantization in 1x16 blocks along the last axis, as one Pallas kernel.
+
+  Equal bit for bit to ``numerics.quantize_nvfp4(x, rounding=..., key=...,
+  rand_bits=..., pad=...)`` (hash random words).
+
+  Args:
+    x: float32/bfloat16/float16, ndim >= 1; the last axis a multiple of 16 unless
+      ``pad``.
+    Others: as :func:`numerics.kernels.mx_quantize`.
+
+  Returns:
+    A :class:`numerics.QuantizedArray` (E2M1 codes, E4M3 scale codes,
+    ``tensor_scale = 1/S_enc``).
+  """
+  x = _check(x, rounding, key, rand_bits)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
+  xp = blockwise.pad_blocked_axis(x, x.ndim - 1, NVFP4_BLOCK, pad)
+  (codes, scales), inv_s_enc = _nvfp4(
+      xp, key if rounding == "stochastic" else None, axis=x.ndim - 1, rounding=rounding,
+      rand_bits=rand_bits, tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as), dequantize=False)
+  return blockscale.QuantizedArray(
+      codes=codes, scales=scales, tensor_scale=inv_s_enc, fmt="e2m1", scale_fmt="e4m3",
+      axes=(x.ndim - 1,), block_shape=(NVFP4_BLOCK,), shape=tuple(x.shape),
+      scale_rule="nvfp4")
+
+
+def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
+                              rounding: str = "nearest", key: jax.Array | None = None,
+                              rand_bits: int | None = None, pad: bool = False,
+                              tile: tuple[int, int] | None = None,
+                              interpret: bool = False, use_kernel: bool | None = None,
+                              interpret_as: str = dispatch.GPU) -> jax.Array:
+  """Fused NVFP4 fake quantization: float32 ``dequantize(quantize_nvfp4(x))``.
+
+  Equal bit for bit to ``numerics.dequantize(numerics.quantize_nvfp4(x, axis=axis,
+  ...))``: ``(element * S_dec) * (1/S_enc)``, the product exact and one float32
+  rounding by the tensor scale; NaN/Inf blocks come out NaN.
+
+  Args:
+    x: float32/bfloat16/float16; 1x16 blocks along ``axis`` (last or second-to-last).
+    Others: as :func:`nvfp4_quantize`.
+  """
+  x = _check(x, rounding, key, rand_bits)
+  ax = blockwise.normalize_axis(axis, x.ndim)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
+  xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
+  out, _ = _nvfp4(xp, key if rounding == "stochastic" else None, axis=ax,
+                  rounding=rounding, rand_bits=rand_bits,
+                  tile=None if tile is None else tuple(tile), impl=impl,
+                  interpret_as=dispatch.check_variant(interpret_as), dequantize=True)
+  return out[tuple(slice(0, d) for d in x.shape)]

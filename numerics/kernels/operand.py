@@ -1,0 +1,63 @@
+"""The training path's operand quantizer: a QuantSpec through the fused kernel or jnp.
+
+:func:`quantize_dequantize` is :func:`numerics.quantizer.quantize_dequantize` with the
+fused Pallas kernels in front: :mod:`numerics.qdot` calls it for every GEMM operand of
+every quantized recipe. A spec goes to a kernel when :func:`kernel_eligible` (MX with
+1x32 blocks or NVFP4 with 1x16 blocks, along the last or the second-to-last axis --
+every 1D operand layout of :mod:`numerics.qdot`'s canonical GEMMs -- with the ``hash``
+generator for stochastic rounding) and the dispatch rule picks Pallas
+(:mod:`numerics.kernels.dispatch`: by default on GPU/TPU hosts; ``NUMERICS_KERNELS``
+overrides it). Everything else -- 2D tiles, element-wise casts, tensorwise scaling,
+the ``threefry`` generator, and the CPU by default -- runs the jnp path unchanged. The
+result is the same bits either way (tested).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from numerics import blockscale
+from numerics import quantizer
+from numerics.kernels import dispatch
+from numerics.kernels import mx_quantizers
+from numerics.kernels import nvfp4_quantizers
+
+
+def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
+  """Whether a fused kernel implements ``spec`` for an ``ndim``-d operand."""
+  if spec.is_cast or spec.block_shape is not None or spec.rng != "hash":
+    return False
+  if isinstance(spec.axis, tuple) or not -ndim <= spec.axis < ndim:
+    return False
+  if spec.axis % ndim not in (ndim - 1, ndim - 2):
+    return False
+  if spec.fmt == "nvfp4":
+    return True  # NVFP4 blocks are always 16 long (QuantSpec.block_size is ignored)
+  return (spec.block_size == blockscale.MX_BLOCK
+          and spec.fmt in blockscale.MX_ELEMENT_FORMATS)
+
+
+def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec,
+                        key: jax.Array | None = None, *,
+                        use_kernel: bool | None = None, interpret: bool = False,
+                        interpret_as: str = dispatch.GPU) -> jax.Array:
+  """float32 ``dequantize(quantize(x, spec, key))``, by a fused kernel where it applies.
+
+  Same bits as :func:`numerics.quantizer.quantize_dequantize` (which runs when the
+  spec is not :func:`kernel_eligible` or the dispatch rule picks jnp). No gradient
+  (callers wrap it in a straight-through estimator). ``use_kernel``, ``interpret``,
+  ``interpret_as``: as :func:`numerics.kernels.mx_quantize`.
+  """
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
+  on_accelerator = jax.default_backend() in ("gpu", "tpu")
+  if (impl == "jnp" or (impl == "auto" and not on_accelerator)
+      or not kernel_eligible(spec, jax.numpy.ndim(x))):
+    return quantizer.quantize_dequantize(x, spec, key)
+  mode = dict(use_kernel=use_kernel, interpret=interpret, interpret_as=interpret_as)
+  if spec.fmt == "nvfp4":
+    return nvfp4_quantizers.nvfp4_quantize_dequantize(
+        x, axis=spec.axis, rounding=spec.rounding, key=key, rand_bits=spec.rand_bits,
+        pad=spec.pad, **mode)
+  return mx_quantizers.mx_quantize_dequantize(
+      x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
+      key=key, rand_bits=spec.rand_bits, pad=spec.pad, **mode)
