@@ -263,7 +263,7 @@ def rollout(model: LoopedLM, params: Any, prompts: jax.Array, num_new: int,
             top_k: int = 0, top_p: float = 1.0) -> LoopedRollout:
   """Samples ``num_new`` tokens on the deferred path (as
   :func:`models.sampling.sample_cached`), recording every fed position's depth."""
-  samples, cache = sampling.sample_cached_with_cache(
+  samples, cache = sampling.decode_cached(
       cached_looped(model, key_spec, value_spec), params, prompts, num_new, key,
       temperature=temperature, top_k=top_k, top_p=top_p)
   return LoopedRollout(samples.tokens, samples.logp, cache.depth)

@@ -196,20 +196,20 @@ def sample_cached(model: CachedModel, params: Any, prompts: jax.Array, num_new: 
 
   Same arguments, keys and draws as :func:`sample` (step t's model key is
   ``split(fold_in(key, t))[0]``, its draw key ``[1]``; the prefill is step 0), so
-  with equal logits the two return equal :class:`Samples`. ``cache``: the empty
-  cache to decode into (e.g. with calibrated static scales); ``None`` makes
-  ``model.init_cache(B, P + num_new)``. Jit the call: its prefill runs outside the
-  decoding loop, and eager and compiled XLA:CPU arithmetic can differ.
+  with equal logits the two return equal :class:`Samples` (the logits are equal
+  where every GEMM's rows come out the same whatever the row count; see
+  :mod:`models.kv_cache`). ``cache``: the empty cache to decode into (e.g. with
+  calibrated static scales); ``None`` makes ``model.init_cache(B, P + num_new)``. Jit
+  the call: its prefill runs outside the decoding loop, and eager and compiled
+  XLA:CPU arithmetic can differ.
   """
-  return sample_cached_with_cache(model, params, prompts, num_new, key,
-                                  temperature=temperature, top_k=top_k, top_p=top_p,
-                                  cache=cache)[0]
+  return decode_cached(model, params, prompts, num_new, key, temperature=temperature,
+                       top_k=top_k, top_p=top_p, cache=cache)[0]
 
 
-def sample_cached_with_cache(model: CachedModel, params: Any, prompts: jax.Array,
-                             num_new: int, key: jax.Array, *, temperature: float = 1.0,
-                             top_k: int = 0, top_p: float = 1.0, cache: Any = None
-                             ) -> tuple[Samples, Any]:
+def decode_cached(model: CachedModel, params: Any, prompts: jax.Array, num_new: int,
+                  key: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, cache: Any = None) -> tuple[Samples, Any]:
   """:func:`sample_cached`, also returning the final cache (which holds every
   position but the last sampled token, never fed back)."""
   _check_decode_args(prompts, num_new, temperature, top_k, top_p)
@@ -225,7 +225,9 @@ def cached_sequence_log_probs(model: CachedModel, params: Any, tokens: jax.Array
   decoding teacher-forced (the prefill, then ``N - 1`` one-token steps with the same
   keys), so with the rollout's ``key`` and ``params`` it recomputes the rollout's
   ``logp`` with the same operations on the same shapes. ``cache``: the empty cache
-  (``None``: ``model.init_cache(B, L)``)."""
+  (``None``: ``model.init_cache(B, L)``; a looped model's carries the depths to
+  replay). Differentiable in ``params`` through the model; a quantized cache passes
+  no gradient through the stored keys and values (:mod:`numerics.kv_quant`)."""
   if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise ValueError(f"tokens must be int[B, L], got {tokens.dtype}{tokens.shape}")
   if not 1 <= prompt_len < tokens.shape[1]:

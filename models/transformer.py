@@ -15,8 +15,12 @@ tiles are per expert, as in a grouped GEMM), and a Switch-style load-balancing l
 sown into the ``losses`` collection (apply with ``mutable=["losses", "metrics"]`` to
 collect it; without ``mutable`` it is not computed into anything).
 
-Shapes: B batch, L sequence, D d_model, H heads, K head dim, F d_ff, V vocab, T tokens
-(B*L), E experts, C expert capacity.
+Cached decoding: ``DecoderLM`` and ``Block`` also take a KV cache
+(:mod:`numerics.kv_quant`, fp32 or quantized) and then process a few new positions
+against it (see :mod:`models.kv_cache`); the parameters are the same.
+
+Shapes: B batch, L sequence, S cached positions, D d_model, H heads, K head dim, F d_ff,
+V vocab, T tokens (B*L), E experts, C expert capacity.
 """
 
 from __future__ import annotations

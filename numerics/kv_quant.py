@@ -48,9 +48,15 @@ Stochastic rounding draws its words from the ``key`` given to :func:`write`, ind
 by the element's position in the written slice (for ``nvfp4``: one key per
 (row, position), split from ``key``); use a fresh key per write.
 
-Gradients: :func:`write` rounds with no gradient defined through the codes (a KV
-cache is an inference structure); the ``fp32`` format is the identity and
-differentiable.
+:class:`KVCache` gathers one keys and one values :class:`QuantizedKV` per layer of
+a stack and the number of positions written (:func:`init_cache`);
+:func:`tree_nbytes` and :func:`bytes_per_position` measure memory from the pytree.
+
+Gradients: the ``fp32`` format stores ``x`` unchanged and passes its gradient
+through; every other format has a zero gradient with respect to the written values
+(:func:`write` stops it): a KV cache is an inference structure, and a partial
+gradient through a dynamic scale would mislead. Train through
+:func:`numerics.fake_quant` instead.
 """
 
 from __future__ import annotations
@@ -347,6 +353,8 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
   if spec.needs_key and key is None:
     raise ValueError("stochastic rounding needs a PRNG key at every write")
   x = x.astype(jnp.float32)
+  if spec.fmt != "fp32":
+    x = lax.stop_gradient(x)  # zero gradient: see the module docstring
   start = jnp.asarray(start, jnp.int32)
   at4 = (0, 0, start, 0)
   put = lambda dst, src, at: lax.dynamic_update_slice(dst, src.astype(dst.dtype), at)

@@ -238,3 +238,15 @@ def test_init_and_write_validation():
     kv_quant.write(cache, jnp.zeros((1, 3, 1, 32)), 0, jax.random.key(0))
   with pytest.raises(ValueError, match="per layer"):
     kv_quant.init_cache(2, (1, 2, 3, 32), KVQuantSpec("e4m3", "tensor"), key_scales=[1.0])
+
+
+@pytest.mark.parametrize("spec", [KVQuantSpec(), KVQuantSpec("bf16"),
+                                  KVQuantSpec("e4m3", "token"), KVQuantSpec("int8", "head"),
+                                  KVQuantSpec("e5m2", "block")],
+                         ids=lambda s: f"{s.fmt}-{s.granularity}")
+def test_gradient_is_the_identity_for_fp32_and_zero_otherwise(spec):
+  x = jnp.asarray(_data(4, outliers=False)[:1, :, :2])
+  loss = lambda x: jnp.sum(kv_quant.read(kv_quant.write(
+      kv_quant.init(spec, (1, H, 3, K)), x, 1)) * 3.0)
+  grad = np.asarray(jax.grad(loss)(x))
+  np.testing.assert_array_equal(grad, 3.0 if spec.fmt == "fp32" else 0.0)
