@@ -17,9 +17,9 @@ Halting rule (:class:`LoopConfig` ``halting``):
   ``lambda_r = sigmoid(exit_gate(final_norm(h_r)))`` and the exit CDF
   ``F_r = 1 - prod_{j<=r} (1 - lambda_j)`` (the product accumulated in float32);
   ``d_t`` is the first ``r + 1`` with ``F_r >= threshold``, else ``R``. Each
-  ``lambda_r`` (float32[B, L]) is sown as ``intermediates/exit_probability``. The decision depends on the computed state, so two
-  computations of the same sequence can decide differently: the schedule is recorded
-  by the rollout and replayed.
+  ``lambda_r`` (float32[B, L]) is sown as ``intermediates/exit_probability``. The
+  decision depends on the computed state, so two computations of the same sequence
+  can decide differently: the schedule is recorded by the rollout and replayed.
 
 A depth array given to the model (``depth_BxL``, or preset in a
 :class:`LoopedCache`) forces ``d_t`` where it is > 0; 0 lets the rule decide.
@@ -34,8 +34,8 @@ Two ways to get a sequence's log-probs:
 * **dense** (a learner's): :func:`dense_log_probs`, the whole sequence in one pass
   with the recorded depths.
 
-The two are mathematically equal and differ in the last bits (GEMM row counts,
-log-softmax shapes, the cache's format). :func:`replay_log_probs` is
+With an fp32 cache the two are equal in exact arithmetic and differ in the last bits
+(GEMM row counts, log-softmax shapes); a quantized or bf16 cache adds its rounding. :func:`replay_log_probs` is
 ``sg(deferred) + (dense - sg(dense))``: its value is the deferred value exactly
 (``dense - sg(dense)`` is exactly 0 for finite ``dense``, and ``x + 0 == x``) and its
 gradient is the dense path's. The depths are data: no gradient reaches the exit gate
