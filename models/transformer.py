@@ -15,8 +15,12 @@ tiles are per expert, as in a grouped GEMM), and a Switch-style load-balancing l
 sown into the ``losses`` collection (apply with ``mutable=["losses", "metrics"]`` to
 collect it; without ``mutable`` it is not computed into anything).
 
-Shapes: B batch, L sequence, D d_model, H heads, K head dim, F d_ff, V vocab, T tokens
-(B*L), E experts, C expert capacity.
+Cached decoding: ``DecoderLM`` and ``Block`` also take a KV cache
+(:mod:`numerics.kv_quant`, fp32 or quantized) and then process a few new positions
+against it (see :mod:`models.kv_cache`); the parameters are the same.
+
+Shapes: B batch, L sequence, S cached positions, D d_model, H heads, K head dim, F d_ff,
+V vocab, T tokens (B*L), E experts, C expert capacity.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from numerics import kv_quant
+
 DimensionNumbers = Tuple[Tuple[Sequence[int], Sequence[int]], Tuple[Sequence[int], Sequence[int]]]
 DotGeneral = Callable[[jax.Array, jax.Array, DimensionNumbers, jax.Array], jax.Array]
 
 # Stable per-matmul tags: a layer's key is fold_in(step_key, layer), a matmul's key is
 # fold_in(layer_key, tag), so adding a layer never reshuffles another layer's randomness.
-_QKV, _SCORES, _VALUES, _ATTN_OUT, _FF_IN, _FF_OUT, _ROUTER, _EXPERT_IN, _EXPERT_OUT = range(9)
+(_QKV, _SCORES, _VALUES, _ATTN_OUT, _FF_IN, _FF_OUT, _ROUTER, _EXPERT_IN, _EXPERT_OUT,
+ _KV_KEYS, _KV_VALUES) = range(11)
 
 
 def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
@@ -172,6 +179,17 @@ class Block(nn.Module):
   ``dot_general`` serves the four projections and the expert GEMMs;
   ``attention_dot_general`` the two attention products (q.k and p.v) and
   ``router_dot_general`` the MoE router, both defaulting to ``dot_general``.
+
+  Called as ``block(x, key)``: full causal self-attention over the L positions of x,
+  returns x. Called as ``block(x, key, kv=(keys, values), start=start)`` with this
+  layer's cache (:class:`numerics.kv_quant.QuantizedKV`, logically [B, H, S, K]): x
+  holds positions ``start .. start + L - 1``; their keys and values are written into
+  the cache (rounded as its spec says, with keys ``fold_in(key, 9)`` and
+  ``fold_in(key, 10)``) and each query attends over all S cached positions read back
+  in float32, those after it masked as in the full path; returns ``(x, (keys,
+  values))``. With an fp32 cache and ``S`` equal to the full path's length, both
+  paths run the same attention arithmetic on the same lengths (only the number of
+  query rows differs). Dense feed-forward only (MoE capacity depends on L).
   """
 
   config: TransformerConfig
@@ -181,23 +199,39 @@ class Block(nn.Module):
   router_dot_general: DotGeneral | None = None
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, key: jax.Array) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, key: jax.Array,
+               kv: tuple[kv_quant.QuantizedKV, kv_quant.QuantizedKV] | None = None,
+               start: jax.Array | None = None):
     cfg, dg = self.config, self.dot_general
     adg = self.attention_dot_general or dg
     b, length, d = x_BxLxD.shape
     h, k = cfg.num_heads, d // cfg.num_heads
     sub = lambda tag: jax.random.fold_in(key, tag)
+    if (kv is None) != (start is None):
+      raise ValueError("kv and start go together: give both or neither")
+    if kv is not None and cfg.num_experts:
+      raise ValueError("cached decoding supports the dense feed-forward only: an MoE "
+                       "layer's expert capacity depends on the number of tokens per call")
 
     y = nn.RMSNorm(name="attn_norm")(x_BxLxD)
     qkv = Linear(3 * d, dg, name="qkv")(y, sub(_QKV))
     q, kk, v = jnp.split(qkv.reshape(b, length, 3, h, k), 3, axis=2)
     q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = (t[:, :, 0].transpose(0, 2, 1, 3) for t in (q, kk, v))
-    scores_BxHxLxL = adg(q_BxHxLxK, k_BxHxLxK, (((3,), (3,)), ((0, 1), (0, 1))),
-                        sub(_SCORES)) / jnp.sqrt(jnp.float32(k))
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    scores_BxHxLxL = jnp.where(causal, scores_BxHxLxL, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores_BxHxLxL, axis=-1)
-    attn_BxHxLxK = adg(probs, v_BxHxLxK, (((3,), (2,)), ((0, 1), (0, 1))), sub(_VALUES))
+    if kv is None:
+      keys_BxHxSxK, values_BxHxSxK = k_BxHxLxK, v_BxHxLxK
+      causal = jnp.tril(jnp.ones((length, length), bool))
+    else:
+      cached_k = kv_quant.write(kv[0], k_BxHxLxK, start, sub(_KV_KEYS))
+      cached_v = kv_quant.write(kv[1], v_BxHxLxK, start, sub(_KV_VALUES))
+      keys_BxHxSxK, values_BxHxSxK = kv_quant.read(cached_k), kv_quant.read(cached_v)
+      query_pos = start + jnp.arange(length)
+      causal = jnp.arange(keys_BxHxSxK.shape[2])[None, :] <= query_pos[:, None]
+    scores_BxHxLxS = adg(q_BxHxLxK, keys_BxHxSxK, (((3,), (3,)), ((0, 1), (0, 1))),
+                         sub(_SCORES)) / jnp.sqrt(jnp.float32(k))
+    scores_BxHxLxS = jnp.where(causal, scores_BxHxLxS, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores_BxHxLxS, axis=-1)
+    attn_BxHxLxK = adg(probs, values_BxHxSxK, (((3,), (2,)), ((0, 1), (0, 1))),
+                       sub(_VALUES))
     attn_BxLxD = attn_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, length, d)
     x_BxLxD = x_BxLxD + Linear(d, dg, self.residual_scale, name="attn_out")(
         attn_BxLxD, sub(_ATTN_OUT))
@@ -208,11 +242,22 @@ class Block(nn.Module):
                            name="moe")
       return x_BxLxD + moe(y.reshape(b * length, d), key).reshape(b, length, d)
     y = jax.nn.gelu(Linear(cfg.d_ff, dg, name="ff_in")(y, sub(_FF_IN)))
-    return x_BxLxD + Linear(d, dg, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
+    x_BxLxD = x_BxLxD + Linear(d, dg, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
+    return x_BxLxD if kv is None else (x_BxLxD, (cached_k, cached_v))
 
 
 class DecoderLM(nn.Module):
-  """Token ids int32[B, L] -> next-token logits float32[B, L, V]."""
+  """Token ids int32[B, L] -> next-token logits float32[B, L, V].
+
+  ``model.apply(variables, tokens, key)`` runs the whole sequence.
+  ``model.apply(variables, tokens, key, cache=cache)`` with a
+  :class:`numerics.kv_quant.KVCache` (one layer per block, S <= ``max_len``) decodes
+  incrementally: ``tokens`` are positions ``cache.length .. cache.length + L - 1``
+  (a prefill, then one token at a time) and it returns ``(logits, cache)`` with the
+  new positions written. The parameters are the same either way. A call that would
+  write past the cache's S positions returns NaN logits (``cache.length`` is traced,
+  so it cannot raise). Cached decoding needs a dense feed-forward (no MoE).
+  """
 
   config: TransformerConfig
   dot_general: DotGeneral = fp32_dot_general
@@ -221,27 +266,70 @@ class DecoderLM(nn.Module):
   router_dot_general: DotGeneral | None = None  # None: dot_general
 
   @nn.compact
-  def __call__(self, tokens_BxL: jax.Array, key: jax.Array) -> jax.Array:
+  def __call__(self, tokens_BxL: jax.Array, key: jax.Array,
+               cache: kv_quant.KVCache | None = None):
     cfg = self.config
     if tokens_BxL.ndim != 2:
       raise ValueError(f"tokens must be [batch, length], got shape {tokens_BxL.shape}")
     length = tokens_BxL.shape[1]
     if length > cfg.max_len:
       raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len}")
+    if cache is not None:
+      check_cache(cache, cfg, tokens_BxL.shape[0], cfg.num_layers, length)
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(1.0),
                      name="embed")
     pos = self.param("pos_embed", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model))
-    x_BxLxD = embed(tokens_BxL) + pos[None, :length]
+    if cache is None:
+      x_BxLxD = embed(tokens_BxL) + pos[None, :length]
+    else:
+      x_BxLxD = embed(tokens_BxL) + lax.dynamic_slice_in_dim(pos, cache.length, length)[None]
     # GPT-2 style: scale residual-branch outputs by 1/sqrt(2 * layers) to keep the
     # residual stream's variance from growing with depth.
     residual_scale = (2.0 * cfg.num_layers) ** -0.5
+    keys, values = [], []
     for i in range(cfg.num_layers):
       block = Block(cfg, self.dot_general, residual_scale, self.attention_dot_general,
                     self.router_dot_general, name=f"block_{i}")
-      x_BxLxD = block(x_BxLxD, jax.random.fold_in(key, i))
+      if cache is None:
+        x_BxLxD = block(x_BxLxD, jax.random.fold_in(key, i))
+      else:
+        x_BxLxD, (k_i, v_i) = block(x_BxLxD, jax.random.fold_in(key, i),
+                                    (cache.keys[i], cache.values[i]), cache.length)
+        keys.append(k_i)
+        values.append(v_i)
     x_BxLxD = nn.RMSNorm(name="final_norm")(x_BxLxD)
-    return Linear(cfg.vocab_size, self.head_dot_general or self.dot_general, name="head")(
+    logits = Linear(cfg.vocab_size, self.head_dot_general or self.dot_general, name="head")(
         x_BxLxD, jax.random.fold_in(key, cfg.num_layers))
+    if cache is None:
+      return logits
+    return (poison_overflow(logits, cache, length),
+            kv_quant.KVCache(tuple(keys), tuple(values), cache.length + length))
+
+
+def check_cache(cache: kv_quant.KVCache, cfg: TransformerConfig, batch: int,
+                num_layers: int, length: int) -> None:
+  """Raises ValueError unless ``cache`` fits a model of ``cfg`` with ``num_layers``
+  attention layers and a call of ``batch`` x ``length`` tokens."""
+  if not isinstance(cache, kv_quant.KVCache):
+    raise TypeError(f"cache must be a numerics.kv_quant.KVCache, got "
+                    f"{type(cache).__name__}")
+  if len(cache.keys) != num_layers or len(cache.values) != num_layers:
+    raise ValueError(f"the cache has {len(cache.keys)} key and {len(cache.values)} value "
+                     f"layers; the model has {num_layers}")
+  want = (batch, cfg.num_heads, cfg.d_model // cfg.num_heads)
+  for c in cache.keys + cache.values:
+    b, h, s, k = c.shape
+    if (b, h, k) != want or s > cfg.max_len:
+      raise ValueError(f"cache layer shape {c.shape} does not fit [B={want[0]}, "
+                       f"H={want[1]}, S<={cfg.max_len}, K={want[2]}]")
+  if length > cache.capacity:
+    raise ValueError(f"{length} tokens do not fit a cache of {cache.capacity} positions")
+
+
+def poison_overflow(logits: jax.Array, cache: kv_quant.KVCache, length: int) -> jax.Array:
+  """``logits``, or NaN where writing ``length`` positions overflowed ``cache``."""
+  overflow = cache.length + length > cache.capacity
+  return jnp.where(overflow, jnp.float32(jnp.nan), logits)
 
 
 def next_token_loss(logits_BxLxV: jax.Array, targets_BxL: jax.Array,

@@ -10,6 +10,7 @@ The public API (see README.md):
     numerics.fake_quant(x, fmt, ...)                 # QDQ with straight-through grad
     numerics.random_hadamard(x, key, ...)            # and inverse_random_hadamard
     numerics.rounding.error_feedback(x, residual, fmt)
+    numerics.kv_quant.init / write / read           # quantized KV-cache storage
 """
 
 from numerics import blockscale
@@ -19,6 +20,7 @@ from numerics import quantizer
 from numerics import recipes
 from numerics import formats
 from numerics import hadamard
+from numerics import kv_quant
 from numerics import random_bits
 from numerics import rounding
 from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
@@ -27,8 +29,8 @@ from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
-    "blockscale", "encoding", "formats", "hadamard", "qdot", "quantizer", "random_bits", "recipes",
-    "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
+    "blockscale", "encoding", "formats", "hadamard", "kv_quant", "qdot", "quantizer",
+    "random_bits", "recipes", "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
     "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
     "quantize_mx", "quantize_nvfp4", "random_hadamard",
 ]
