@@ -72,7 +72,6 @@ import numpy as np
 from numerics import blockscale
 from numerics import encoding
 from numerics import formats as formats_lib
-from numerics import random_bits as random_bits_lib
 from numerics import rounding as rounding_lib
 
 KV_FORMATS = ("fp32", "bf16", "e4m3", "e5m2", "int8", "nvfp4")
