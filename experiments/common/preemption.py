@@ -1,4 +1,11 @@
-"""Noticing a preemption request (SIGTERM) so the loop can checkpoint and exit cleanly."""
+"""Noticing a preemption request (SIGTERM) so the loop can checkpoint and exit cleanly.
+
+A run that stops before its last step (SIGTERM, or ``--stop_at_step``) has saved a
+checkpoint and written no results row; its script then exits with
+:data:`PREEMPTED_EXIT_CODE` (75, ``EX_TEMPFAIL``: "try again"), so a runner tells it
+from a success (0) and from a failure (1), reports it as preempted and reruns it with
+``--resume``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import threading
 
 import jax
 from absl import logging
+
+PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL
 
 
 class PreemptionWatcher:

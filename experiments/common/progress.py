@@ -42,6 +42,12 @@ class ProgressReporter:
     """Starts the throughput clock at ``step`` (call after the first, compiling step)."""
     self._t0, self._step0 = self._clock(), step
 
+  def timed(self, step: int) -> tuple[int, float]:
+    """``(steps, seconds)`` timed from the first reported step to ``step``, now."""
+    if self._t0 is None or step <= self._step0:
+      return 0, 0.0
+    return step - self._step0, max(self._clock() - self._t0, 0.0)
+
   def steps_per_s(self, step: int) -> float:
     if self._t0 is None or step <= self._step0:
       return float("nan")

@@ -1,4 +1,11 @@
-"""The results table: one JSON row per finished run, appended to a JSONL file."""
+"""The results table: one JSON row per finished run, appended to a JSONL file.
+
+A row is written once, by the process that completes the run (a resumed run's row
+carries the whole run's metrics: the loop restores them from its checkpoint), and the
+run directory is then marked completed (:func:`experiments.common.workdir.mark_completed`),
+so neither a rerun nor a ``--resume`` of it writes a second row. Non-finite numbers are
+written as JSON ``null`` (JSON has no NaN or Inf); readers treat them as missing.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +20,19 @@ from typing import Any
 import jax
 
 from experiments.common import run_metadata
+from experiments.common import workdir as workdir_lib
 from experiments.common.repo_paths import repo_relative
 from experiments.common.train_loop import train_tag
 
 
 def _jsonable(value: Any) -> Any:
-  if isinstance(value, float) and not math.isfinite(value):
-    return repr(value)  # JSON has no NaN/Inf; keep them visible as strings
+  """``value`` with every non-finite float (at any depth) replaced by None."""
+  if isinstance(value, float):
+    return value if math.isfinite(value) else None
+  if isinstance(value, dict):
+    return {k: _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
   return value
 
 
@@ -31,8 +44,7 @@ def append_result(path: str, row: dict[str, Any]) -> None:
   """
   if not isinstance(row, dict):
     raise TypeError(f"row must be a dict, got {type(row).__name__}")
-  line = json.dumps({k: _jsonable(v) for k, v in row.items()}, sort_keys=True,
-                    default=_jsonable) + "\n"
+  line = json.dumps(_jsonable(row), sort_keys=True, allow_nan=False) + "\n"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
@@ -43,8 +55,13 @@ def append_result(path: str, row: dict[str, Any]) -> None:
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def read_results(path: str) -> list[dict[str, Any]]:
-  """Reads every row of a results JSONL file (missing file: empty list)."""
+def read_results(path: str, problems: list[str] | None = None) -> list[dict[str, Any]]:
+  """Reads every row of a results JSONL file (missing file: empty list).
+
+  A line that is not a JSON object raises ValueError naming ``path:line``, unless a
+  ``problems`` list is given: the line is then skipped and its ``path:line: reason``
+  appended there (a report tolerates a damaged row and says which).
+  """
   if not os.path.exists(path):
     return []
   rows = []
@@ -54,9 +71,16 @@ def read_results(path: str) -> list[dict[str, Any]]:
       if not line:
         continue
       try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not a JSON row: {e}") from e
+        row = json.loads(line)
+        if not isinstance(row, dict):
+          raise ValueError(f"a JSON {type(row).__name__}, not an object")
+      except ValueError as e:  # json.JSONDecodeError is a ValueError
+        message = f"{path}:{lineno}: not a results row ({e})"
+        if problems is None:
+          raise ValueError(message) from e
+        problems.append(message)
+        continue
+      rows.append(row)
   return rows
 
 
@@ -65,9 +89,9 @@ _STEP_NAMESPACES = ("train", "eval", "perf", "rl", "export", "sync", "numerics")
 
 
 def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
-               completed: bool, step: int) -> None:
-  """Closes a run: for a completed run, its summary scalars, the HParams end record and
-  one results row.
+               completed: bool, step: int, workdir: str | None = None) -> None:
+  """Closes a run: for a completed run, its summary scalars, the HParams end record,
+  one results row and (with ``workdir``) the completion mark.
 
   The summary metrics the loop does not log per step (``reward/mean_over_training``,
   ``cost/total_s``, ``steps_to/0.97``, ...) are written as scalars at the final step,
@@ -83,6 +107,9 @@ def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
     writer.write_scalars(step, final)
     writer.write_hparams_end(step, completed=True)
     append_result(results_file, summary)
+    if workdir is not None:
+      workdir_lib.mark_completed(workdir, step=step, results_file=repo_relative(results_file),
+                                 run_name=summary.get("run_name", ""))
   writer.close()
 
 

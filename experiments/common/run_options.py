@@ -25,6 +25,10 @@ class RunOptions:
   resume: bool = config_field(
       False, "Continue from the latest checkpoint in --workdir (start fresh if there is none). "
       "Without it, a workdir that already holds checkpoints is an error.")
+  resume_step: int = config_field(
+      -1, "With --resume: continue from this checkpoint step instead of the newest intact "
+      "one (e.g. the last healthy checkpoint before a divergence, which is always kept); "
+      "the newer checkpoints are deleted. -1: the newest.")
   stop_at_step: int = config_field(
       0, "If > 0, checkpoint and exit after this step as if preempted (no results row). "
       "For testing resume; the schedule still follows --num_steps.")
@@ -74,6 +78,12 @@ def resolve_run_options(options: RunOptions, experiment: str, config: Any = None
     raise ValueError(f"num_processes must be >= 0, got {options.num_processes}")
   if options.stop_at_step < 0:
     raise ValueError(f"stop_at_step must be >= 0, got {options.stop_at_step}")
+  if options.resume_step < -1:
+    raise ValueError(f"resume_step must be >= -1 (-1: the newest), got {options.resume_step}")
+  if options.resume_step >= 0 and not options.resume:
+    raise ValueError(f"resume_step={options.resume_step} needs --resume")
+  if options.process_id < -1:
+    raise ValueError(f"process_id must be >= -1, got {options.process_id}")
   run_name = options.run_name
   workdir = options.workdir
   if not workdir:

@@ -8,6 +8,7 @@ events, config record, checkpoints and results row, with the ``tensorboard`` com
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any, Callable
@@ -16,8 +17,17 @@ from absl import app, flags
 
 from experiments.common import distributed
 from experiments.common import log_filters
+from experiments.common import workdir as workdir_lib
+from experiments.common.checkpoint import Checkpointer
 from experiments.common.config_flags import config_from_flags, define_flags
+from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.run_options import RunOptions, resolve_run_options
+
+# Exit statuses of an experiment script (documented in the README):
+# 0 completed (or already completed: nothing written); 1 an error; 2 a usage or config
+# error before training; 75 stopped early with a checkpoint (preempted: rerun with
+# --resume); 74 (EX_IOERR) out of disk space.
+DISK_FULL_EXIT_CODE = 74
 
 TrainFn = Callable[[Any, RunOptions], dict[str, Any]]
 
@@ -73,13 +83,63 @@ def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
     log_filters.quiet_library_info()
     if setup is not None:
       setup()
-    config = config_from_flags(config_cls)
-    options = resolve_run_options(config_from_flags(RunOptions), experiment, config)
-    summary = train_and_evaluate(config, options)
+    try:
+      config = config_from_flags(config_cls)
+      options = resolve_run_options(config_from_flags(RunOptions), experiment, config)
+    except (ValueError, TypeError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    try:
+      summary = train_and_evaluate(config, options)
+    except workdir_lib.RunAlreadyCompleted as e:
+      print(e)
+      sys.exit(0)
+    except (workdir_lib.WorkdirInUse, FileExistsError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    except BaseException as e:  # pylint: disable=broad-except
+      if _disk_full(e):
+        print(f"error: out of disk space while writing the run in {options.workdir} "
+              f"({_first_line(e)}); last good checkpoint: "
+              f"{_last_checkpoint(options.workdir)}. Free space, then rerun with --resume.",
+              file=sys.stderr)
+        sys.exit(DISK_FULL_EXIT_CODE)
+      raise
     if distributed.is_writer():
       print_run(summary, options)
+    if not summary["completed"]:
+      sys.exit(PREEMPTED_EXIT_CODE)
 
   return main
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return (text.splitlines()[0][:200] if text else type(e).__name__)
+
+
+def _disk_full(e: BaseException) -> bool:
+  """Whether ``e`` (or an exception it came from) is a full disk: ENOSPC, or the
+  message a library wraps it in."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return True
+    if "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def _last_checkpoint(workdir: str) -> str:
+  try:
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+    steps = checkpointer.all_steps()
+    checkpointer.close()
+  except Exception:  # pylint: disable=broad-except  (reporting only)
+    return "unknown"
+  return f"step {steps[-1]} in {os.path.join(workdir, 'checkpoints')}" if steps else "none"
 
 
 def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,

@@ -23,13 +23,20 @@ def load(logdir: str) -> EventAccumulator:
   return acc
 
 
+def _by_step(pairs) -> list[tuple[int, float]]:
+  """One value per step, the last written (a resumed run rewrites steps), by step."""
+  return sorted({step: value for step, value in pairs}.items())
+
+
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-  """``tag -> [(step, value), ...]`` sorted by step, from scalars or scalar-tensors."""
+  """``tag -> [(step, value), ...]`` sorted by step, one value per step (the last one
+  written: a resumed run rewrites the steps an interrupted one logged past its
+  checkpoint, and marks them superseded), from scalars or scalar-tensors."""
   acc = load(logdir)
   tags = acc.Tags()
   out: dict[str, list[tuple[int, float]]] = {}
   for tag in tags.get("scalars", []):
-    out[tag] = sorted((e.step, float(e.value)) for e in acc.Scalars(tag))
+    out[tag] = _by_step((e.step, float(e.value)) for e in acc.Scalars(tag))
   # Writers that attach scalar plugin metadata (tensorboard.summary.Writer, tensorboardX)
   # land under tensors in the classic accumulator.
   for tag in tags.get("tensors", []):
@@ -38,7 +45,7 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     events = acc.Tensors(tag)
     values = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in events]
     if all(np.ndim(v) == 0 for _, v in values):
-      out[tag] = sorted((s, float(v)) for s, v in values)
+      out[tag] = _by_step((s, float(v)) for s, v in values)
   return out
 
 

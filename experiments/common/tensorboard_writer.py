@@ -16,7 +16,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from tensorboard.plugins.hparams import api_pb2 as hparams_api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
@@ -68,6 +68,14 @@ class MetricWriter:
     """One event holding a histogram per ``tag -> array`` at ``step``."""
     self._add(step, [Summary.Value(tag=tag, histo=histogram_proto(np.asarray(a), bins))
                      for tag, a in arrays.items()])
+
+  def mark_restart(self, step: int) -> None:
+    """Marks a resumed run: events an earlier process logged at ``step`` or later are
+    superseded (TensorBoard's restart convention, a ``SessionLog.START`` event; its
+    readers purge them)."""
+    if self._writer is not None:
+      self._writer.add_event(Event(wall_time=time.time(), step=int(step),
+                                   session_log=SessionLog(status=SessionLog.START)))
 
   def write_hparams(self, hparams: Mapping[str, HParamValue], trial_id: str,
                     start_time_secs: float | None = None) -> None:

@@ -9,6 +9,7 @@ replays the uninterrupted run bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any, Callable, Mapping, NamedTuple
@@ -19,7 +20,6 @@ import numpy as np
 import optax
 from absl import logging
 
-from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.preemption import PreemptionWatcher
 from experiments.common.progress import ProgressReporter
@@ -81,10 +81,15 @@ class LoopSettings:
   histogram_every: int = 200
   progress_every_s: float = 10.0
   stop_at_step: int = 0
+  # A checkpoint whose last train loss is not finite or above this is *unhealthy*; the
+  # checkpointer always keeps the newest healthy one (see experiments.common.checkpoint).
+  max_healthy_loss: float = math.inf
 
   def __post_init__(self):
     if self.num_steps < 1:
       raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+    if not self.max_healthy_loss > 0:
+      raise ValueError(f"max_healthy_loss must be > 0, got {self.max_healthy_loss}")
     for name in ("log_every", "eval_every", "checkpoint_every", "histogram_every",
                  "stop_at_step"):
       if getattr(self, name) < 0:
@@ -118,18 +123,18 @@ def _due(step: int, every: int) -> bool:
 
 
 def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
-                          init: Callable[[], Snapshot], *, config: Any = None,
-                          workdir: str | None = None) -> Snapshot:
-  """The snapshot to start from: the latest checkpoint if resuming, else ``init()``.
+                          init: Callable[[], Snapshot], *, resume_step: int | None = None
+                          ) -> Snapshot:
+  """The snapshot to start from: the newest intact checkpoint if resuming, else ``init()``.
 
-  With ``config`` and ``workdir``, a resume is refused when the config recorded in
-  ``<workdir>/config.json`` differs from ``config`` (continuing another run's
-  checkpoint under these flags would record a result for a run that never happened).
+  A damaged or incomplete newest checkpoint is skipped with a warning naming it
+  (:meth:`Checkpointer.restore_latest_intact`). ``resume_step`` resumes from that step
+  instead (e.g. the last healthy checkpoint before a divergence); the newer checkpoints
+  of the abandoned trajectory are deleted.
 
   Raises:
     FileExistsError: checkpoints exist but ``resume`` is False (refuse to overwrite).
-    ValueError: resuming with a config that differs from the recorded one (the message
-      lists the differing fields).
+    CheckpointError: no intact checkpoint (at or below ``resume_step``).
   """
   fresh = init()
   if checkpointer is None:
@@ -139,20 +144,28 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
     if resume:
       logging.info("--resume: no checkpoint in %s, starting from step 0", checkpointer.directory)
     return fresh
-  where = workdir or os.path.dirname(checkpointer.directory)
   if not resume:
     raise FileExistsError(
-        f"{where} already holds a run (latest checkpoint: step {latest}). To continue an "
-        "interrupted run pass --resume; to train a new one choose another --workdir (or "
-        "change the config: the default workdir is named after it).")
-  if config is not None and workdir is not None:
-    diffs = run_metadata.config_differences(workdir, config)
-    if diffs:
-      raise ValueError(
-          f"refusing to --resume {workdir}: its recorded config differs from this one in "
-          + "; ".join(diffs) + ". Resume with the recorded flags (see its config.json), "
-          "or train this config in another --workdir.")
-  snapshot = checkpointer.restore(fresh.state, fresh.rng, latest)
+        f"{os.path.dirname(checkpointer.directory)} already holds a run (latest "
+        f"checkpoint: step {latest}). To continue an interrupted run pass --resume; to "
+        "train a new one choose another --workdir.")
+  if resume_step is not None and resume_step < 0:
+    resume_step = None  # the run options' "-1: the newest"
+  if resume_step is not None and resume_step not in checkpointer.all_steps():
+    raise ValueError(f"--resume_step={resume_step}: no such checkpoint in "
+                     f"{checkpointer.directory} (steps: {checkpointer.all_steps()})")
+  snapshot = checkpointer.restore_latest_intact(fresh.state, fresh.rng, resume_step)
+  newer = [s for s in checkpointer.all_steps() if s > snapshot.step]
+  if resume_step is not None and newer:
+    logging.warning("resuming from step %d: deleting the newer checkpoints %s", snapshot.step,
+                    newer)
+    checkpointer.delete_after(snapshot.step)
+  if not snapshot.record.get("healthy", True):
+    healthy = [s for s in checkpointer.all_steps() if s < snapshot.step]
+    logging.warning(
+        "checkpoint step %d is unhealthy (loss %s): resuming from it continues the "
+        "divergence. Resume from an earlier step instead with --resume --resume_step=N "
+        "(steps kept: %s).", snapshot.step, snapshot.record.get("loss"), healthy)
   logging.info("resumed from step %d (data position %d) in %s", snapshot.step,
                snapshot.data_position, checkpointer.directory)
   return snapshot
@@ -184,10 +197,24 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     raise ValueError(f"checkpoint step {step} is beyond num_steps={settings.num_steps}")
   progress = ProgressReporter(settings.num_steps, every_s=settings.progress_every_s)
   pending: list[tuple[int, Metrics]] = []
-  last_train: dict[str, float] = {}
-  last_eval: dict[str, float] = {}
+  # A resumed run starts from what the checkpoint recorded, so its results row carries
+  # the whole run's metrics and speed even when it resumes at the final step.
+  record = start.record or {}
+  last_train: dict[str, float] = dict(record.get("train_metrics", {}))
+  last_eval: dict[str, float] = dict(record.get("eval_metrics", {}))
+  timed = record.get("timing", {"steps": 0, "seconds": 0.0})
   t_start = time.perf_counter()
   first_step_s = None
+  if step > 0:
+    # Readers drop what the interrupted process logged past this run's checkpoint
+    # (TensorBoard's restart convention); the steps up to it stay.
+    writer.mark_restart(step + 1)
+
+  def steps_per_s() -> float:
+    """Over every timed step of the run so far, this process's and earlier ones'."""
+    now = progress.timed(step)
+    steps, seconds = timed["steps"] + now[0], timed["seconds"] + now[1]
+    return steps / seconds if steps > 0 and seconds > 0 else math.nan
 
   def flush_metrics() -> None:
     nonlocal last_train
@@ -218,9 +245,19 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     writer.write_histograms(step, histograms)
     writer.write_scalars(step, scalars)
 
+  def loop_record() -> dict[str, Any]:
+    loss = last_train.get("loss", math.nan)
+    now = progress.timed(step)
+    return {"train_metrics": last_train, "eval_metrics": last_eval,
+            "timing": {"steps": timed["steps"] + now[0],
+                       "seconds": timed["seconds"] + now[1]},
+            "loss": loss if math.isfinite(loss) else None,
+            "healthy": bool(not last_train or (math.isfinite(loss)
+                                               and loss <= settings.max_healthy_loss))}
+
   def save() -> None:
     if checkpointer is not None:
-      checkpointer.save(Snapshot(state, rng, step, position))
+      checkpointer.save(Snapshot(state, rng, step, position, loop_record()))
 
   completed = True
   with PreemptionWatcher() as preemption:
@@ -261,10 +298,10 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
         completed = False
         break
     if step == start.step and step == settings.num_steps and not last_eval:
-      run_eval()  # resumed from the final checkpoint (e.g. died before writing results)
+      run_eval()  # resumed at the final step from a checkpoint without an eval record
   flush_metrics()
   writer.flush()
   wall = time.perf_counter() - t_start
-  return LoopResult(snapshot=Snapshot(state, rng, step, position), completed=completed,
-                    train_metrics=last_train, eval_metrics=last_eval,
-                    steps_per_s=progress.steps_per_s(step), wall_s=wall)
+  return LoopResult(snapshot=Snapshot(state, rng, step, position, loop_record()),
+                    completed=completed, train_metrics=last_train, eval_metrics=last_eval,
+                    steps_per_s=steps_per_s(), wall_s=wall)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from absl import logging
 from experiments.common import distributed
 from experiments.common import recipe_flag
 from experiments.common import run_metadata
+from experiments.common import workdir as workdir_lib
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field
@@ -198,39 +200,45 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
         seq_len=config.seq_len), mesh)
 
   checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
-                                workdir=options.workdir)
-  writer = MetricWriter(options.workdir, enabled=writer_process)
-  if writer_process:
-    run_metadata.write_run_metadata(options.workdir, config, options,
-                                    {"experiment": experiment, "vocab_size": splits.vocab.size})
-    if start.step == 0:
-      writer.write_hparams(hparams_of(config), trial_id=options.run_name)
-  n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
-  logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
-               n_params, splits.vocab.size, config.recipe, splits.train.size,
-               splits.validation.size)
+  with workdir_lib.claim(options.workdir, results_file=options.results_file,
+                         resume=options.resume, config=config,
+                         has_checkpoint=checkpointer.latest_step() is not None,
+                         writer_process=writer_process):
+    start = restore_or_initialize(checkpointer, options.resume, fresh,
+                                  resume_step=options.resume_step)
+    writer = MetricWriter(options.workdir, enabled=writer_process)
+    if writer_process:
+      run_metadata.write_run_metadata(options.workdir, config, options,
+                                      {"experiment": experiment, "vocab_size": splits.vocab.size})
+      if start.step == 0:
+        writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+    n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
+    logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
+                 n_params, splits.vocab.size, config.recipe, splits.train.size,
+                 splits.validation.size)
 
-  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                          eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-                          histogram_every=config.histogram_every,
-                          progress_every_s=config.progress_every_s,
-                          stop_at_step=options.stop_at_step)
-  t0 = time.time()
-  result = run_loop(start=start,
-                    train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics),
-                    batch_at=batch_at, settings=settings, writer=writer,
-                    checkpointer=checkpointer, evaluate=evaluate,
-                    inspect=make_inspector(model.dot_general, skip_prefixes=("head",),
-                                           skip_names=("router",)))
-  checkpointer.close()
-  summary = run_summary(experiment, options, config, result, start_time=t0,
-                        num_params=n_params, resumed_from_step=start.step,
-                        process_count=jax.process_count(),
-                        device_count=jax.device_count())
-  if writer_process:
-    finish_run(writer, options.results_file, summary, completed=result.completed,
-               step=result.snapshot.step)
-  else:
-    writer.close()
+    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                            histogram_every=config.histogram_every,
+                            progress_every_s=config.progress_every_s,
+                            stop_at_step=options.stop_at_step,
+                            # 3x a uniform predictor's loss: a blow-up, not noise
+                            max_healthy_loss=3 * math.log(splits.vocab.size))
+    t0 = time.time()
+    result = run_loop(start=start,
+                      train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics),
+                      batch_at=batch_at, settings=settings, writer=writer,
+                      checkpointer=checkpointer, evaluate=evaluate,
+                      inspect=make_inspector(model.dot_general, skip_prefixes=("head",),
+                                             skip_names=("router",)))
+    checkpointer.close()
+    summary = run_summary(experiment, options, config, result, start_time=t0,
+                          num_params=n_params, resumed_from_step=start.step,
+                          process_count=jax.process_count(),
+                          device_count=jax.device_count())
+    if writer_process:
+      finish_run(writer, options.results_file, summary, completed=result.completed,
+                 step=result.snapshot.step, workdir=options.workdir)
+    else:
+      writer.close()
   return summary

@@ -19,6 +19,7 @@ schedule), i.e. where a learning-speed difference can show.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 import time
@@ -31,6 +32,7 @@ from absl import logging
 
 from experiments.memoir import recall_task
 from experiments.common import run_metadata
+from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field
 from experiments.common.results import finish_run, run_summary
@@ -163,33 +165,38 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
         seed=config.seed, position=position, batch_size=config.batch_size, spec=task))
 
   checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
-                                workdir=options.workdir)
-  writer = MetricWriter(options.workdir)
-  n_params = memoir_lib.count_params(start.state.params)
-  macs = memoir_lib.forward_macs(model_config, config.num_pairs)
-  run_metadata.write_run_metadata(options.workdir, config, options,
-                                  {"experiment": EXPERIMENT, "num_params": n_params,
-                                   "forward_macs_per_sample": macs})
-  if start.step == 0:
-    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
-  logging.info("memoir %s: %d parameters, %d forward MACs/sample", config.mode, n_params,
-               macs)
+  with workdir_lib.claim(options.workdir, results_file=options.results_file,
+                         resume=options.resume, config=config,
+                         has_checkpoint=checkpointer.latest_step() is not None):
+    start = restore_or_initialize(checkpointer, options.resume, fresh,
+                                  resume_step=options.resume_step)
+    writer = MetricWriter(options.workdir)
+    n_params = memoir_lib.count_params(start.state.params)
+    macs = memoir_lib.forward_macs(model_config, config.num_pairs)
+    run_metadata.write_run_metadata(options.workdir, config, options,
+                                    {"experiment": EXPERIMENT, "num_params": n_params,
+                                     "forward_macs_per_sample": macs})
+    if start.step == 0:
+      writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+    logging.info("memoir %s: %d parameters, %d forward MACs/sample", config.mode, n_params,
+                 macs)
 
-  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                          eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-                          histogram_every=0, progress_every_s=config.progress_every_s,
-                          stop_at_step=options.stop_at_step)
-  t0 = time.time()
-  result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
-                    batch_at=batch_at, settings=settings, writer=writer,
-                    checkpointer=checkpointer, evaluate=evaluate)
-  checkpointer.close()
-  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
-                        num_params=n_params, resumed_from_step=start.step,
-                        forward_macs_per_sample=macs)
-  finish_run(writer, options.results_file, summary, completed=result.completed,
-             step=result.snapshot.step)
+    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                            histogram_every=0, progress_every_s=config.progress_every_s,
+                            stop_at_step=options.stop_at_step,
+                            # 3x the loss of a uniform guess of the value class
+                            max_healthy_loss=3 * math.log(config.num_values))
+    t0 = time.time()
+    result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
+                      batch_at=batch_at, settings=settings, writer=writer,
+                      checkpointer=checkpointer, evaluate=evaluate)
+    checkpointer.close()
+    summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                          num_params=n_params, resumed_from_step=start.step,
+                          forward_macs_per_sample=macs)
+    finish_run(writer, options.results_file, summary, completed=result.completed,
+               step=result.snapshot.step, workdir=options.workdir)
   return summary
 
 

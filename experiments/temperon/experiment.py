@@ -36,6 +36,7 @@ from absl import logging
 from experiments.common import curves
 from experiments.common import digits
 from experiments.common import run_metadata
+from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.config_flags import config_field
 from experiments.common.results import finish_run, loop_metrics, run_summary
@@ -255,56 +256,61 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                               position=position, batch_size=config.batch_size)
 
   checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
-                                workdir=options.workdir)
-  writer = MetricWriter(options.workdir)
-  run_metadata.write_run_metadata(options.workdir, config, options, {"experiment": EXPERIMENT})
-  if start.step == 0:
-    writer.write_hparams(hparams_of(config), trial_id=options.run_name)
-  n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
-  logging.info("model: %d parameters; explorer %s -> refiner %s at step %d of %d",
-               n_params, config.explorer, config.refiner, config.switch_step(),
-               config.num_steps)
+  with workdir_lib.claim(options.workdir, results_file=options.results_file,
+                         resume=options.resume, config=config,
+                         has_checkpoint=checkpointer.latest_step() is not None):
+    start = restore_or_initialize(checkpointer, options.resume, fresh,
+                                  resume_step=options.resume_step)
+    writer = MetricWriter(options.workdir)
+    run_metadata.write_run_metadata(options.workdir, config, options, {"experiment": EXPERIMENT})
+    if start.step == 0:
+      writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+    n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
+    logging.info("model: %d parameters; explorer %s -> refiner %s at step %d of %d",
+                 n_params, config.explorer, config.refiner, config.switch_step(),
+                 config.num_steps)
 
-  settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                          eval_every=config.eval_every,
-                          checkpoint_every=config.checkpoint_every,
-                          histogram_every=0, progress_every_s=config.progress_every_s,
-                          stop_at_step=options.stop_at_step)
-  t0 = time.time()
-  result = run_loop(start=start, train_step=timed_step, batch_at=batch_at,
-                    settings=settings, writer=writer, checkpointer=checkpointer,
-                    evaluate=evaluate)
-  checkpointer.close()
+    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
+                            eval_every=config.eval_every,
+                            checkpoint_every=config.checkpoint_every,
+                            histogram_every=0, progress_every_s=config.progress_every_s,
+                            stop_at_step=options.stop_at_step,
+                            # 3x the loss of a uniform guess of the 10 digits
+                            max_healthy_loss=3 * math.log(10))
+    t0 = time.time()
+    result = run_loop(start=start, train_step=timed_step, batch_at=batch_at,
+                      settings=settings, writer=writer, checkpointer=checkpointer,
+                      evaluate=evaluate)
+    checkpointer.close()
 
-  # Per-phase median s/step, leaving out this process's first step (it compiles).
-  phase_s: dict[int, float] = {}
-  for phase in (0, 1):
-    ts = [dt for i, (s, dt) in enumerate(step_times) if i > 0
-          and (s >= config.switch_step()) == bool(phase)]
-    if ts:
-      phase_s[phase] = float(np.median(ts))
-  for s, dt in step_times[1:]:
-    if s % config.log_every == 0:
-      writer.write_scalars(s + 1, {"perf/step_s": dt})
-  writer.flush()
+    # Per-phase median s/step, leaving out this process's first step (it compiles).
+    phase_s: dict[int, float] = {}
+    for phase in (0, 1):
+      ts = [dt for i, (s, dt) in enumerate(step_times) if i > 0
+            and (s >= config.switch_step()) == bool(phase)]
+      if ts:
+        phase_s[phase] = float(np.median(ts))
+    for s, dt in step_times[1:]:
+      if s % config.log_every == 0:
+        writer.write_scalars(s + 1, {"perf/step_s": dt})
+    writer.flush()
 
-  metrics = loop_metrics(result)
-  curve = read_scalars(options.workdir).get("eval/accuracy", [])
-  evals = sum(config.grad_evals(s) for s in range(config.num_steps))
-  metrics["cost/grad_evals_per_step"] = evals / config.num_steps
-  metrics["cost/phase0_s_per_step"] = phase_s.get(0, math.nan)
-  metrics["cost/phase1_s_per_step"] = phase_s.get(1, math.nan)
-  metrics["cost/total_s"] = calibrated_seconds(config, config.num_steps, phase_s)
-  for t, s in steps_to_targets(curve, config.target_list()).items():
-    metrics[f"steps_to/{t:g}"] = s
-    metrics[f"grad_evals_to/{t:g}"] = (sum(config.grad_evals(i) for i in range(int(s)))
-                                       if math.isfinite(s) else math.nan)
-    metrics[f"time_to/{t:g}"] = calibrated_seconds(config, s, phase_s)
-    metrics[f"reached/{t:g}"] = float(math.isfinite(s))
-  summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
-                        num_params=n_params, resumed_from_step=start.step,
-                        metrics=metrics)
-  finish_run(writer, options.results_file, summary, completed=result.completed,
-             step=result.snapshot.step)
+    metrics = loop_metrics(result)
+    curve = read_scalars(options.workdir).get("eval/accuracy", [])
+    evals = sum(config.grad_evals(s) for s in range(config.num_steps))
+    metrics["cost/grad_evals_per_step"] = evals / config.num_steps
+    metrics["cost/phase0_s_per_step"] = phase_s.get(0, math.nan)
+    metrics["cost/phase1_s_per_step"] = phase_s.get(1, math.nan)
+    metrics["cost/total_s"] = calibrated_seconds(config, config.num_steps, phase_s)
+    for t, s in steps_to_targets(curve, config.target_list()).items():
+      metrics[f"steps_to/{t:g}"] = s
+      metrics[f"grad_evals_to/{t:g}"] = (sum(config.grad_evals(i) for i in range(int(s)))
+                                         if math.isfinite(s) else math.nan)
+      metrics[f"time_to/{t:g}"] = calibrated_seconds(config, s, phase_s)
+      metrics[f"reached/{t:g}"] = float(math.isfinite(s))
+    summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
+                          num_params=n_params, resumed_from_step=start.step,
+                          metrics=metrics)
+    finish_run(writer, options.results_file, summary, completed=result.completed,
+               step=result.snapshot.step, workdir=options.workdir)
   return summary

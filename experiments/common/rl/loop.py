@@ -35,6 +35,7 @@ import optax
 
 from experiments.common import arithmetic_task as task
 from experiments.common import run_metadata
+from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.results import finish_run, loop_metrics, run_summary
 from experiments.common.rl import harness_checks
@@ -122,86 +123,92 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
     return optax.apply_updates(p, updates), opt_state, metrics
 
   checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
-  start = restore_or_initialize(checkpointer, options.resume, fresh, config=config,
-                                workdir=options.workdir)
-  writer = MetricWriter(options.workdir)
-  run_metadata.write_run_metadata(options.workdir, config, options,
-                                  {"experiment": experiment, "warm_start": warm_info})
-  if start.step == 0:
-    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
-    if monitor is not None:
-      writer.write_scalars(0, monitor.on_sync(0, start.state.params, None,
-                                              start.state.sampler))
-  # Harness check: the batch queue never repeats a batch (rebuilt for a resumed run).
-  seen = {harness_checks.update_fingerprint(config, u) for u in range(start.step)}
-
-  def batch_at(update: int) -> dict[str, Any]:
-    batch = task.grouped_prompts(seed=config.seed, position=update,
-                                 num_prompts=config.prompts_per_update,
-                                 group_size=config.group_size, digits=config.digits)
-    return {**batch, "update": update}
-
-  def rl_step(state: RLState, batch: dict[str, Any], step_key: jax.Array
-              ) -> tuple[RLState, dict[str, Any]]:
-    del step_key  # every key is a function of (seed, update): see the module docstring
-    update = batch["update"]
-    t_update = time.perf_counter()
-    sampler, export_state, sync_metrics = state.sampler, state.export_state, {}
-    if bool(sampler_copy.refresh_needed(sampler, update, config.refresh_interval)):
-      served, export_state = export_fn(state.params, export_state,
-                                       jax.random.fold_in(export_key, update))
-      previous, sampler = sampler, sampler_copy.SamplerCopy(
-          served, jnp.asarray(update, jnp.int32), sampler.syncs + 1)
+  with workdir_lib.claim(options.workdir, results_file=options.results_file,
+                         resume=options.resume, config=config,
+                         has_checkpoint=checkpointer.latest_step() is not None):
+    start = restore_or_initialize(checkpointer, options.resume, fresh,
+                                  resume_step=options.resume_step)
+    writer = MetricWriter(options.workdir)
+    run_metadata.write_run_metadata(options.workdir, config, options,
+                                    {"experiment": experiment, "warm_start": warm_info})
+    if start.step == 0:
+      writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
       if monitor is not None:
-        sync_metrics = monitor.on_sync(update, state.params, previous, sampler)
-    fingerprint = harness_checks.batch_fingerprint(batch["prompts"][::config.group_size])
-    if fingerprint in seen:
-      raise RuntimeError(f"update {update}: batch {fingerprint} was already used")
-    seen.add(fingerprint)
-    samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
-                   jax.random.fold_in(key, update))
-    completions = np.asarray(samples.tokens[:, prompt_len:])
-    reward = task.rewards(completions, batch["answers"])
-    mask = task.completion_mask(completions)
-    adv = advantages_lib.group_advantages(jnp.asarray(reward), config.group_size)
-    if update == start.step:
-      harness_checks.check_harness(config, apply, sampler_apply, state.params, sampler,
-                                   samples, adv, mask, loss_fn, prompt_len)
-    params, opt_state, metrics = learner_update(
-        state.params, state.opt_state, samples.tokens, samples.logp, adv,
-        jnp.asarray(mask), sampler.params)
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks
-    metrics.update({
-        "reward": float(reward.mean()),
-        "rl/staleness": int(sampler_copy.staleness(sampler, update)),
-        "rl/cycle_step": update % config.refresh_interval,
-        "rl/sampler_version": int(sampler.version),
-        "rl/refreshed": float(update % config.refresh_interval == 0),
-        "perf/update_s": time.perf_counter() - t_update, **sync_metrics})
-    rewards = state.rewards.at[update].set(float(reward.mean()))
-    return RLState(params, opt_state, sampler, export_state, rewards), metrics
+        writer.write_scalars(0, monitor.on_sync(0, start.state.params, None,
+                                                start.state.sampler))
+    # Harness check: the batch queue never repeats a batch (rebuilt for a resumed run).
+    seen = {harness_checks.update_fingerprint(config, u) for u in range(start.step)}
 
-  def evaluate(params) -> dict[str, float]:
-    return greedy_accuracy(model, params, config, position=EVAL_POSITION)
+    def batch_at(update: int) -> dict[str, Any]:
+      batch = task.grouped_prompts(seed=config.seed, position=update,
+                                   num_prompts=config.prompts_per_update,
+                                   group_size=config.group_size, digits=config.digits)
+      return {**batch, "update": update}
 
-  settings = LoopSettings(num_steps=config.num_updates, log_every=config.log_every,
-                          eval_every=config.eval_every,
-                          checkpoint_every=config.checkpoint_every, histogram_every=0,
-                          progress_every_s=config.progress_every_s,
-                          stop_at_step=options.stop_at_step)
-  result = run_loop(start=start, train_step=rl_step, batch_at=batch_at, settings=settings,
-                    writer=writer, checkpointer=checkpointer, evaluate=evaluate)
-  checkpointer.close()
-  done = result.snapshot.step
-  rewards = np.asarray(result.snapshot.state.rewards)
-  last = max(1, config.num_updates // 4)
-  metrics = {**loop_metrics(result),
-             "reward/mean_over_training": float(np.mean(rewards[:done])),
-             "reward/last_quarter": float(np.mean(rewards[max(done - last, 0):done])),
-             "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
-  summary = run_summary(experiment, options, config, result, start_time=t0,
-                        num_params=sum(x.size for x in jax.tree.leaves(warm)),
-                        resumed_from_step=start.step, metrics=metrics,
-                        first_batch=harness_checks.update_fingerprint(config, 0))
-  finish_run(writer, options.results_file, summary, completed=result.completed, step=done)
+    def rl_step(state: RLState, batch: dict[str, Any], step_key: jax.Array
+                ) -> tuple[RLState, dict[str, Any]]:
+      del step_key  # every key is a function of (seed, update): see the module docstring
+      update = batch["update"]
+      t_update = time.perf_counter()
+      sampler, export_state, sync_metrics = state.sampler, state.export_state, {}
+      if bool(sampler_copy.refresh_needed(sampler, update, config.refresh_interval)):
+        served, export_state = export_fn(state.params, export_state,
+                                         jax.random.fold_in(export_key, update))
+        previous, sampler = sampler, sampler_copy.SamplerCopy(
+            served, jnp.asarray(update, jnp.int32), sampler.syncs + 1)
+        if monitor is not None:
+          sync_metrics = monitor.on_sync(update, state.params, previous, sampler)
+      fingerprint = harness_checks.batch_fingerprint(batch["prompts"][::config.group_size])
+      if fingerprint in seen:
+        raise RuntimeError(f"update {update}: batch {fingerprint} was already used")
+      seen.add(fingerprint)
+      samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
+                     jax.random.fold_in(key, update))
+      completions = np.asarray(samples.tokens[:, prompt_len:])
+      reward = task.rewards(completions, batch["answers"])
+      mask = task.completion_mask(completions)
+      adv = advantages_lib.group_advantages(jnp.asarray(reward), config.group_size)
+      if update == start.step:
+        harness_checks.check_harness(config, apply, sampler_apply, state.params, sampler,
+                                     samples, adv, mask, loss_fn, prompt_len)
+      params, opt_state, metrics = learner_update(
+          state.params, state.opt_state, samples.tokens, samples.logp, adv,
+          jnp.asarray(mask), sampler.params)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks
+      metrics.update({
+          "reward": float(reward.mean()),
+          "rl/staleness": int(sampler_copy.staleness(sampler, update)),
+          "rl/cycle_step": update % config.refresh_interval,
+          "rl/sampler_version": int(sampler.version),
+          "rl/refreshed": float(update % config.refresh_interval == 0),
+          "perf/update_s": time.perf_counter() - t_update, **sync_metrics})
+      rewards = state.rewards.at[update].set(float(reward.mean()))
+      return RLState(params, opt_state, sampler, export_state, rewards), metrics
+
+    def evaluate(params) -> dict[str, float]:
+      return greedy_accuracy(model, params, config, position=EVAL_POSITION)
+
+    settings = LoopSettings(num_steps=config.num_updates, log_every=config.log_every,
+                            eval_every=config.eval_every,
+                            checkpoint_every=config.checkpoint_every, histogram_every=0,
+                            progress_every_s=config.progress_every_s,
+                            stop_at_step=options.stop_at_step)
+    # No blow-up threshold: a policy-gradient surrogate has no scale to compare against;
+    # a checkpoint is unhealthy only when its loss is not finite.
+    result = run_loop(start=start, train_step=rl_step, batch_at=batch_at, settings=settings,
+                      writer=writer, checkpointer=checkpointer, evaluate=evaluate)
+    checkpointer.close()
+    done = result.snapshot.step
+    rewards = np.asarray(result.snapshot.state.rewards)
+    last = max(1, config.num_updates // 4)
+    metrics = {**loop_metrics(result),
+               "reward/mean_over_training": float(np.mean(rewards[:done])),
+               "reward/last_quarter": float(np.mean(rewards[max(done - last, 0):done])),
+               "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
+    summary = run_summary(experiment, options, config, result, start_time=t0,
+                          num_params=sum(x.size for x in jax.tree.leaves(warm)),
+                          resumed_from_step=start.step, metrics=metrics,
+                          first_batch=harness_checks.update_fingerprint(config, 0))
+    finish_run(writer, options.results_file, summary, completed=result.completed, step=done,
+               workdir=options.workdir)
   return summary
