@@ -90,6 +90,7 @@ jax.tree_util.register_dataclass(
     meta_fields=["shape", "axis", "block_size", "scale_block_size"])
 
 
+@jax.jit
 def pairwise_mean(v: jax.Array) -> jax.Array:
   """float32 mean of 1-D ``v`` by pairwise halving (bit-reproducible; see docstring)."""
   v = jnp.asarray(v, jnp.float32)
@@ -169,6 +170,7 @@ def quantize_nf4(x: jax.Array, *, block_size: int = BLOCK, axis: int = -1,
                   scale_block_size)
 
 
+@jax.jit
 def block_scales(q: NF4Array) -> jax.Array:
   """float32 per-block absmax ``[*lead, n_blocks]`` (decoded when double-quantized)."""
   if not q.double_quant:

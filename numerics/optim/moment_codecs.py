@@ -185,10 +185,31 @@ class MomentCodec:
     return self.rounding == "stochastic"
 
   def init(self, shape: tuple[int, ...]) -> "EncodedMoment":
-    """The encoding of zeros of ``shape`` (what ``encode`` gives for zeros)."""
-    nearest = dataclasses.replace(self, rounding="nearest", rand_bits=None)
-    enc = nearest.encode(jnp.zeros(tuple(shape), jnp.float32))
-    return dataclasses.replace(enc, codec=self)
+    """The encoding of zeros of ``shape``, built without computing (equal to
+    ``encode(zeros)``, tested): zero codes, except a codebook's code for 0, and zero
+    scales (absmax 0, or the E8M0 code 0 of an all-zero MX block)."""
+    shape = tuple(int(d) for d in shape)
+    if self.kind == "identity":
+      return EncodedMoment(jnp.zeros(shape, jnp.float32), None, shape, self)
+    if self.kind == "cast":
+      return EncodedMoment(jnp.zeros(shape, CAST_FORMATS[self.fmt]), None, shape, self)
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+      raise ValueError(f"{self.kind} codec cannot store an empty array")
+    nb = -(-n // self.block_size)
+    zero_code = 0
+    if self.kind == "codebook":
+      book = codebooks.get(self.fmt)
+      zero_code = int(np.searchsorted(book.thresholds, np.float32(0), side="left"))
+    if self.code_bits == 4:  # pack_nibbles layout; an odd tail pads with code 0
+      codes = np.full(-(-n // 2), (zero_code << 4) | zero_code, np.uint8)
+      if n % 2:
+        codes[-1] = zero_code << 4
+    else:
+      codes = np.full(n, zero_code, np.uint8)
+    codes = jnp.asarray(codes)
+    scale_dtype = jnp.uint8 if self.kind == "mx" else jnp.float32
+    return EncodedMoment(codes, jnp.zeros((nb,), scale_dtype), shape, self)
 
   def encode(self, x: jax.Array, key: jax.Array | None = None) -> "EncodedMoment":
     """Stores float32 ``x`` (any shape); ``key`` is required for stochastic rounding."""

@@ -7,9 +7,14 @@ moments decoded from the state:
     update = (m' / (1 - b1^t)) / (sqrt(v' / (1 - b2^t) + eps_root) + eps)
     state  = encode(m'), encode(v')
 
-The arithmetic is optax's ``scale_by_adam`` expression for expression, so with the
-lossless ``fp32`` state format the transformation equals ``optax.scale_by_adam``, and
-:func:`quantized_adamw` equals ``optax.adamw``, bit for bit (tested). As in
+The arithmetic is optax's ``scale_by_adam``: the moment updates and bias corrections
+are optax's own ``optax.tree`` calls on the whole tree, so with the lossless ``fp32``
+state format the transformation equals ``optax.scale_by_adam``, and
+:func:`quantized_adamw` equals ``optax.adamw``, bit for bit, eager and under
+``jax.jit`` (tested). A hand-written copy of those expressions is not enough: XLA
+rewrites a division by a broadcast scalar into a reciprocal multiply depending on how
+the surrounding computation is compiled (a jitted call on a tree, on a single leaf, or
+eager ops), which moves results by an ulp. As in
 bitsandbytes' and torchao's 8-bit and 4-bit optimizers, the update of step ``t`` uses
 the fresh float32 ``m'``, ``v'``; quantization error enters through the stored state
 at step ``t + 1``. Hence the first step of every format equals optax's first step.
@@ -129,32 +134,36 @@ def scale_by_quantized_adam(
       nu_leaves = treedef.flatten_up_to(state.nu)
     except (ValueError, TypeError) as e:
       raise ValueError(f"state does not match the updates' structure: {e}") from None
-    count_inc = optax.safe_increment(state.count)
-    bc1 = 1 - b1 ** count_inc
-    bc2 = 1 - b2 ** count_inc
-    new_u, new_mu, new_nu = [], [], []
-    for (path, g), mu_e, nu_e in zip(with_path, mu_leaves, nu_leaves):
+    names = [tree_paths.path_name(path, "root") for path, _ in with_path]
+    for name, mu_e, nu_e in zip(names, mu_leaves, nu_leaves):
       if not (is_enc(mu_e) and is_enc(nu_e)):
-        raise ValueError(f"state leaf at {tree_paths.path_name(path, 'root')!r} is not "
-                         f"an EncodedMoment")
-      g = jnp.asarray(g).astype(jnp.float32)
-      m = moment_codecs.decode(mu_e)
-      v = moment_codecs.decode(nu_e)
-      # optax.tree.update_moment / update_moment_per_elem_norm, term for term.
-      mu = (1 - b1) * g + b1 * m
-      nu = (1 - b2) * (g ** 2) + b2 * v
-      mu_hat = mu / bc1.astype(mu.dtype)
-      nu_hat = nu / bc2.astype(nu.dtype)
-      new_u.append(mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps))
+        raise ValueError(f"state leaf at {name!r} is not an EncodedMoment")
+    unflat = lambda leaves: jax.tree_util.tree_unflatten(treedef, leaves)
+    g = unflat([jnp.asarray(leaf).astype(jnp.float32) for _, leaf in with_path])
+    m = unflat([moment_codecs.decode(e) for e in mu_leaves])
+    v = unflat([moment_codecs.decode(e) for e in nu_leaves])
+    # optax.scale_by_adam's own calls on the whole tree: XLA compiles optax's jitted
+    # bias correction differently for a tree than for one leaf (it rewrites the
+    # division into a reciprocal multiply), so the calls must be the same to be equal.
+    count_inc = optax.safe_increment(state.count)
+    mu = optax.tree.update_moment(g, m, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(g, v, b2, 2)
+    mu_hat = optax.tree.bias_correction(mu, b1, count_inc)
+    nu_hat = optax.tree.bias_correction(nu, b2, count_inc)
+    new_updates = jax.tree.map(lambda a, b: a / (jnp.sqrt(b + eps_root) + eps), mu_hat,
+                               nu_hat)
+    new_mu, new_nu = [], []
+    for name, mu_e, nu_e, mu_l, nu_l in zip(names, mu_leaves, nu_leaves,
+                                            treedef.flatten_up_to(mu),
+                                            treedef.flatten_up_to(nu)):
       mu_key = nu_key = None
       if base_key is not None:
-        k = step_keys.leaf_key(base_key, count_inc, tree_paths.path_name(path, "root"))
+        k = step_keys.leaf_key(base_key, count_inc, name)
         mu_key = jax.random.fold_in(k, _MU_TAG) if mu_e.codec.is_stochastic else None
         nu_key = jax.random.fold_in(k, _NU_TAG) if nu_e.codec.is_stochastic else None
-      new_mu.append(mu_e.codec.encode(mu, mu_key))
-      new_nu.append(nu_e.codec.encode(nu, nu_key))
-    unflat = lambda leaves: jax.tree_util.tree_unflatten(treedef, leaves)
-    return unflat(new_u), QuantizedAdamState(count_inc, unflat(new_mu), unflat(new_nu))
+      new_mu.append(mu_e.codec.encode(mu_l, mu_key))
+      new_nu.append(nu_e.codec.encode(nu_l, nu_key))
+    return new_updates, QuantizedAdamState(count_inc, unflat(new_mu), unflat(new_nu))
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -83,13 +83,11 @@ def test_cast_and_identity():
                                 np.abs(x).astype(ml_dtypes.bfloat16).astype(F32))
 
 
+# (Unsigned codebooks hold no negative level at all; see test_codecs' validation.)
 UNSIGNED = [
     mc.MomentCodec("cast", "bf16", unsigned=True),
     mc.MomentCodec("scaled", "int8", 64, unsigned=True),
     mc.MomentCodec("scaled", "e4m3", 64, unsigned=True),
-    mc.MomentCodec("codebook", "dynamic8_unsigned", 64, unsigned=True),
-    mc.MomentCodec("codebook", "linear4_unsigned", 64, unsigned=True),
-    mc.MomentCodec("mx", "e2m1", 32, unsigned=True),
     mc.MomentCodec("mx", "int8", 32, unsigned=True),
 ]
 
@@ -130,9 +128,8 @@ def test_sqrt_storage_keeps_small_second_moments_nonzero():
 
 # One codec per kind and signedness (each one compiles; the rest are the same code).
 INIT_CODECS = [
-    mc.MomentCodec(), mc.state_format("bf16").nu, mc.state_format("linear8").mu,
-    mc.state_format("linear8").nu, mc.state_format("e2m1").nu, mc.state_format("nf4").mu,
-    mc.state_format("nf4").nu, mc.state_format("mxfp8").mu, mc.state_format("mxfp4").nu]
+    mc.MomentCodec(), mc.state_format("bf16").nu, mc.state_format("linear8").nu,
+    mc.state_format("nf4").mu, mc.state_format("nf4").nu, mc.state_format("mxfp4").nu]
 
 
 @pytest.mark.parametrize("codec", INIT_CODECS, ids=lambda c: f"{c.kind}-{c.fmt}-"
@@ -170,7 +167,6 @@ def test_stored_bytes_by_hand(name, expected):
     mc.MomentCodec("scaled", "int8", 64, rounding="stochastic"),
     mc.MomentCodec("codebook", "dynamic8", 64, rounding="stochastic"),
     mc.MomentCodec("mx", "e4m3", 32, rounding="stochastic"),
-    mc.MomentCodec("cast", "bf16", rounding="stochastic"),
 ], ids=lambda c: c.kind)
 def test_stochastic_is_reproducible_and_within_one_step(codec):
   x = _x(6)
