@@ -10,15 +10,21 @@ The public API (see README.md):
     numerics.fake_quant(x, fmt, ...)                 # QDQ with straight-through grad
     numerics.random_hadamard(x, key, ...)            # and inverse_random_hadamard
     numerics.rounding.error_feedback(x, residual, fmt)
+    numerics.nf4.quantize_nf4(x, ...) / dequantize_nf4(q)   # QLoRA NF4 tensors
+    numerics.codebooks.get(name)                     # lookup-table formats (NF4, dynamic maps)
+    numerics.memory.bytes_per_param(state, params)   # measured pytree bytes
 """
 
 from numerics import blockscale
+from numerics import codebooks
 from numerics import encoding
 from numerics import qdot
 from numerics import quantizer
 from numerics import recipes
 from numerics import formats
 from numerics import hadamard
+from numerics import memory
+from numerics import nf4
 from numerics import random_bits
 from numerics import rounding
 from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
@@ -27,7 +33,8 @@ from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
-    "blockscale", "encoding", "formats", "hadamard", "qdot", "quantizer", "random_bits", "recipes",
+    "blockscale", "codebooks", "encoding", "formats", "memory", "nf4", "hadamard", "qdot",
+    "quantizer", "random_bits", "recipes",
     "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
     "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
     "quantize_mx", "quantize_nvfp4", "random_hadamard",

@@ -6,9 +6,9 @@ Layout (bitsandbytes' ``quantize_4bit(quant_type="nf4")`` with QLoRA's defaults)
   ``[in, out]`` pass ``axis=0``: blocks then run along the contraction axis, as
   bitsandbytes' row blocks of a ``[out, in]`` weight do.
 * Per block, ``absmax = max |x|`` in float32; each element is coded as the nearest
-  NF4 level to ``x / absmax`` (thresholds at the float32 midpoints, ties to the lower
-  code; see :mod:`numerics.codebooks` for these rules and the handling of
-  non-finite and subnormal blocks). Two codes per byte, the first element of a pair
+  NF4 level to ``x * fl32(1 / absmax)`` (thresholds at the float32 midpoints, ties
+  to the lower code; see :mod:`numerics.codebooks` for these rules and the handling
+  of non-finite and subnormal blocks). Two codes per byte, the first element of a pair
   in the high nibble.
 * Double quantization (``double_quant=True``): the block absmaxes, flattened in
   row-major block order, have their mean ``offset`` subtracted and are quantized

@@ -222,7 +222,7 @@ class MomentCodec:
       raise ValueError(f"codec {self} rounds to nearest; a key would be ignored")
     if x.size == 0 and self.kind not in ("identity", "cast"):
       raise ValueError(f"{self.kind} codec cannot store an empty array")
-    return _encode(self, x.astype(jnp.float32), key)
+    return _encode_jit(self, x.astype(jnp.float32), key)
 
   def _encode(self, x: jax.Array, key: jax.Array | None) -> "EncodedMoment":
     shape = tuple(x.shape)
@@ -301,7 +301,7 @@ class MomentCodec:
     """float32 values of ``enc`` (which must have been stored by this codec)."""
     if enc.codec != self:
       raise ValueError(f"{enc.codec} stored this moment, not {self}")
-    return _decode(enc)
+    return _decode_jit(enc)
 
   def _decode(self, enc: "EncodedMoment") -> jax.Array:
     y = self._decode_values(enc)
@@ -358,12 +358,12 @@ jax.tree_util.register_dataclass(EncodedMoment, data_fields=["codes", "scales"],
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _encode(codec: MomentCodec, x: jax.Array, key: jax.Array | None) -> EncodedMoment:
+def _encode_jit(codec: MomentCodec, x: jax.Array, key: jax.Array | None) -> EncodedMoment:
   return codec._encode(x, key)  # pylint: disable=protected-access
 
 
 @jax.jit
-def _decode(enc: EncodedMoment) -> jax.Array:
+def _decode_jit(enc: EncodedMoment) -> jax.Array:
   return enc.codec._decode(enc)  # pylint: disable=protected-access
 
 
@@ -379,13 +379,22 @@ def decode(enc: EncodedMoment) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class StateFormat:
-  """The storage of Adam's two moments: ``mu`` signed, ``nu`` unsigned."""
+  """The storage of Adam's two moments: ``mu`` signed, ``nu`` unsigned.
+
+  Leaves with fewer than ``min_size`` elements keep float32 moments (bitsandbytes'
+  ``min_8bit_size`` and torchao's threshold: 4096): their block scales would cost
+  more than quantization saves.
+  """
 
   name: str
   mu: MomentCodec
   nu: MomentCodec
+  min_size: int = 4096
 
   def __post_init__(self):
+    m = self.min_size
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
+      raise ValueError(f"min_size must be an int >= 0, got {m!r}")
     if not isinstance(self.mu, MomentCodec) or not isinstance(self.nu, MomentCodec):
       raise TypeError("mu and nu must be MomentCodecs")
     if self.mu.unsigned:
@@ -397,6 +406,12 @@ class StateFormat:
   @property
   def is_stochastic(self) -> bool:
     return self.mu.is_stochastic or self.nu.is_stochastic
+
+  def codecs_for(self, size: int) -> tuple[MomentCodec, MomentCodec]:
+    """(mu, nu) codecs of a leaf of ``size`` elements (float32 below ``min_size``)."""
+    if size == 0 or size < self.min_size:
+      return MomentCodec(), MomentCodec()
+    return self.mu, self.nu
 
 
 # name: (mu kind, mu fmt, nu kind, nu fmt, default block size, anchor)
@@ -430,7 +445,8 @@ def state_format_names() -> tuple[str, ...]:
 
 def state_format(name: str, *, block_size: int | None = None,
                  rounding: str = "nearest", rand_bits: int | None = None,
-                 scale_rule: str = "floor", sqrt_nu: bool = False) -> StateFormat:
+                 scale_rule: str = "floor", sqrt_nu: bool = False,
+                 min_size: int = 4096) -> StateFormat:
   """A named :class:`StateFormat` (first moment, second moment):
 
   ==============  ==================================  ===========================  =====
@@ -456,6 +472,7 @@ def state_format(name: str, *, block_size: int | None = None,
     rand_bits: random bits for stochastic grid rounding (None: all).
     scale_rule: MX scale rule (mx rows only).
     sqrt_nu: store the second moment as ``sqrt(v)`` (not for fp32).
+    min_size: leaves with fewer elements keep float32 moments.
   """
   try:
     mu_kind, mu_fmt, nu_kind, nu_fmt, default_block, _ = _FORMATS[name]
@@ -472,7 +489,7 @@ def state_format(name: str, *, block_size: int | None = None,
     raise ValueError("sqrt_nu with a float32 second moment only adds rounding")
   nu = MomentCodec(nu_kind, nu_fmt, unsigned=nu_kind != "identity", sqrt=sqrt_nu,
                    **common)
-  return StateFormat(name, mu, nu)
+  return StateFormat(name, mu, nu, min_size)
 
 
 def format_anchor(name: str) -> str:

@@ -20,9 +20,9 @@ the fresh float32 ``m'``, ``v'``; quantization error enters through the stored s
 at step ``t + 1``. Hence the first step of every format equals optax's first step.
 
 Storage is set by a :class:`~numerics.optim.moment_codecs.StateFormat` (or its name,
-see :func:`numerics.optim.moment_codecs.state_format`). Leaves with fewer than
-``min_quantized_size`` elements keep float32 moments (bitsandbytes' and torchao's
-default threshold is 4096): their block scales would cost more than they save.
+see :func:`numerics.optim.moment_codecs.state_format`). Leaves with fewer than the
+format's ``min_size`` elements (default 4096, bitsandbytes' and torchao's threshold)
+keep float32 moments: their block scales would cost more than they save.
 
 The second moment is non-negative by construction: its codec is unsigned (every
 stored code decodes to a value >= 0; see :mod:`numerics.optim.moment_codecs`). The
@@ -53,7 +53,6 @@ from numerics import tree_paths
 from numerics.optim import moment_codecs
 from numerics.optim import step_keys
 
-_IDENTITY = moment_codecs.MomentCodec()
 _MU_TAG, _NU_TAG = 0, 1
 
 
@@ -77,8 +76,7 @@ def _as_state_format(state_format) -> moment_codecs.StateFormat:
 def scale_by_quantized_adam(
     b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0, *,
     state_format: str | moment_codecs.StateFormat = "dynamic8",
-    key: jax.Array | int | None = None,
-    min_quantized_size: int = 4096) -> optax.GradientTransformation:
+    key: jax.Array | int | None = None) -> optax.GradientTransformation:
   """Adam's scaling with moments stored per ``state_format`` (see the module docstring).
 
   Args:
@@ -86,16 +84,12 @@ def scale_by_quantized_adam(
     state_format: a :class:`StateFormat` or a name (``fp32``, ``dynamic8``, ...).
     key: PRNG key (or int seed) for stochastic rounding of the moments; required when
       the format rounds stochastically, refused otherwise.
-    min_quantized_size: leaves with fewer elements keep float32 moments.
 
   Returns:
     An optax ``GradientTransformation`` with a :class:`QuantizedAdamState`; updates
     are float32.
   """
   fmt = _as_state_format(state_format)
-  if isinstance(min_quantized_size, bool) or not isinstance(
-      min_quantized_size, (int, np.integer)) or min_quantized_size < 0:
-    raise ValueError(f"min_quantized_size must be an int >= 0, got {min_quantized_size!r}")
   if fmt.is_stochastic:
     if key is None:
       raise ValueError(f"state format {fmt.name!r} rounds stochastically: pass key")
@@ -106,16 +100,11 @@ def scale_by_quantized_adam(
                        f"ignored")
     base_key = None
 
-  def codecs_for(x) -> tuple[moment_codecs.MomentCodec, moment_codecs.MomentCodec]:
-    if jnp.size(x) == 0 or jnp.size(x) < min_quantized_size:
-      return _IDENTITY, _IDENTITY
-    return fmt.mu, fmt.nu
-
   def init_fn(params):
     def init_leaf(p):
       if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
         raise TypeError(f"quantized Adam needs floating params, got {jnp.result_type(p)}")
-      mu_c, nu_c = codecs_for(p)
+      mu_c, nu_c = fmt.codecs_for(int(np.prod(jnp.shape(p), dtype=np.int64)))
       return mu_c.init(jnp.shape(p)), nu_c.init(jnp.shape(p))
 
     pairs = jax.tree.map(init_leaf, params)
@@ -172,15 +161,13 @@ def quantized_adamw(
     learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
     eps: float = 1e-8, eps_root: float = 0.0, weight_decay: float = 1e-4,
     mask: Any = None, *, state_format: str | moment_codecs.StateFormat = "dynamic8",
-    key: jax.Array | int | None = None,
-    min_quantized_size: int = 4096) -> optax.GradientTransformation:
+    key: jax.Array | int | None = None) -> optax.GradientTransformation:
   """AdamW with quantized moments: ``optax.adamw``'s chain around
   :func:`scale_by_quantized_adam` (decoupled weight decay ``weight_decay * params``
   masked by ``mask``, then ``-learning_rate``). Arguments as ``optax.adamw`` plus those
   of :func:`scale_by_quantized_adam`."""
   return optax.chain(
-      scale_by_quantized_adam(b1, b2, eps, eps_root, state_format=state_format, key=key,
-                              min_quantized_size=min_quantized_size),
+      scale_by_quantized_adam(b1, b2, eps, eps_root, state_format=state_format, key=key),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )

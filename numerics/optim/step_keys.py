@@ -25,15 +25,18 @@ def name_tag(name: str) -> int:
 
 
 def as_key(key: jax.Array | int) -> jax.Array:
-  """A JAX PRNG key from a key (typed or raw uint32 data) or an int seed."""
+  """A JAX PRNG key from a key (typed, or raw uint32 data) or an integer seed (a
+  Python int or an integer scalar array, as ``optax.inject_hyperparams`` passes it)."""
   if isinstance(key, bool):
     raise TypeError("key must be a PRNG key or an int seed, not a bool")
   if isinstance(key, int):
     return jax.random.key(key)
   key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-  if not (jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32):
-    raise TypeError(f"key must be a PRNG key or an int seed, got dtype {key.dtype}")
-  return key
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32:
+    return key
+  if jnp.issubdtype(key.dtype, jnp.integer) and key.ndim == 0:
+    return jax.random.key(key)
+  raise TypeError(f"key must be a PRNG key or an int seed, got {key.dtype}{list(key.shape)}")
 
 
 def leaf_key(key: jax.Array, step: jax.Array, name: str) -> jax.Array:

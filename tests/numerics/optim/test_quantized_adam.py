@@ -86,7 +86,8 @@ FORMATS = ["dynamic8", "fp8_e4m3", "mxfp4"]  # a codebook, a scaled and an MX co
 @pytest.mark.parametrize("name", FORMATS)
 def test_first_step_is_optax_and_second_uses_the_stored_state(name):
   b1, b2, eps = 0.9, 0.999, 1e-8
-  tx = qa.scale_by_quantized_adam(b1, b2, eps, state_format=name, min_quantized_size=64)
+  tx = qa.scale_by_quantized_adam(b1, b2, eps,
+                                  state_format=mc.state_format(name, min_size=64))
   ref = optax.scale_by_adam(b1, b2, eps)
   p = _params(2)
   g1 = jax.grad(loss)(p)
@@ -116,7 +117,7 @@ def test_first_step_is_optax_and_second_uses_the_stored_state(name):
 def test_quantized_state_tracks_fp32_adam(name):
   steps = 40
   p_ref, _ = _run(optax.adamw(1e-2), _params(3), steps)
-  p_q, _ = _run(qa.quantized_adamw(1e-2, state_format=name, min_quantized_size=64),
+  p_q, _ = _run(qa.quantized_adamw(1e-2, state_format=mc.state_format(name, min_size=64)),
                 _params(3), steps)
   start = float(loss(_params(3)))
   drop_ref = start - float(loss(p_ref))
@@ -141,9 +142,8 @@ def test_bytes_per_param_by_hand():
 
 
 def test_stochastic_rounding_is_reproducible_resumable_and_keyed_by_leaf_name():
-  fmt = mc.state_format("dynamic4", block_size=32, rounding="stochastic")
-  make = lambda key: qa.quantized_adamw(1e-2, state_format=fmt, key=key,
-                                        min_quantized_size=0)
+  fmt = mc.state_format("dynamic4", block_size=32, rounding="stochastic", min_size=0)
+  make = lambda key: qa.quantized_adamw(1e-2, state_format=fmt, key=key)
 
   def stepper(tx):
     @jax.jit
@@ -179,6 +179,22 @@ def test_stochastic_rounding_is_reproducible_resumable_and_keyed_by_leaf_name():
     assert np.all(np.asarray(v) >= 0)
 
 
+def test_inject_hyperparams_gives_the_same_steps():
+  fmt = mc.state_format("dynamic8", block_size=64, rounding="stochastic", min_size=0)
+  p = {"w": jnp.linspace(-1.0, 1.0, 1024).reshape(32, 32)}
+  g = {"w": jnp.cos(p["w"] * 7)}
+  # inject_hyperparams hands the numeric arguments over as float32 arrays.
+  hp = {k: jnp.float32(v) for k, v in dict(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0,
+                                           weight_decay=1e-4).items()}
+  plain = qa.quantized_adamw(jnp.float32(0.1), state_format=fmt, key=3, **hp)
+  injected = optax.inject_hyperparams(qa.quantized_adamw)(
+      learning_rate=0.1, state_format=fmt, key=3)  # the int seed becomes an array too
+  u1, s1 = plain.update(g, plain.init(p), p)
+  u2, s2 = jax.jit(injected.update)(g, injected.init(p), p)
+  _assert_trees_equal(u1, u2)
+  _assert_trees_equal(s1[0], s2.inner_state[0])
+
+
 def test_errors():
   with pytest.raises(ValueError, match="pass key"):
     qa.quantized_adamw(1e-3, state_format=mc.state_format("dynamic8",
@@ -189,8 +205,8 @@ def test_errors():
     qa.quantized_adamw(1e-3, state_format="int2")
   with pytest.raises(TypeError):
     qa.quantized_adamw(1e-3, state_format=8)
-  with pytest.raises(ValueError, match="min_quantized_size"):
-    qa.quantized_adamw(1e-3, min_quantized_size=-1)
+  with pytest.raises(ValueError, match="min_size"):
+    mc.state_format("dynamic8", min_size=-1)
   with pytest.raises(ValueError, match="sqrt_nu"):
     mc.state_format("fp32", sqrt_nu=True)
   tx = qa.scale_by_quantized_adam(state_format="fp32")
