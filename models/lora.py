@@ -22,7 +22,8 @@ the target kernels stored per ``base_format``:
 
 * ``"fp32"``: as they are; ``"bf16"``: cast to bfloat16 (round to nearest even);
 * ``"nf4"``: :func:`numerics.nf4.quantize_nf4` with blocks of ``nf4_block_size``
-  along the ``in`` (contraction) axis, double-quantized scales by default (QLoRA);
+  along the ``in`` (contraction) axis (zero-padded when it does not divide ``in``;
+  the padding is stored), double-quantized scales by default (QLoRA);
 * a :class:`numerics.quantizer.QuantSpec` for block formats (e.g. MXINT8
   ``QuantSpec("int8", block_size=32, axis=0)``, MXFP8, MXFP4, NVFP4), deterministic
   rounding only.
@@ -178,7 +179,7 @@ def _quantize_kernel(w: jax.Array, config: LoRAConfig):
     return w.astype(jnp.bfloat16)
   if bf == "nf4":
     return nf4_lib.quantize_nf4(w, block_size=config.nf4_block_size, axis=0,
-                                double_quant=config.double_quant)
+                                double_quant=config.double_quant, pad=True)
   return quantizer_lib.quantize(w, bf)
 
 

@@ -40,9 +40,10 @@ eager, jitted and NumPy computations round identically.
 decodes to a value >= 0, whatever was encoded. Codebooks must then have no negative
 level (``dynamic8_unsigned``, ``linear4_unsigned``); ``scaled`` int8 becomes the
 unsigned linear code ``k / 255``, k = 0..255 (all 8 bits used); float element formats
-(scaled and MX) encode ``|x|`` and clear the sign bit of the code (so one bit of the
-code is unused); ``cast`` encodes and decodes ``|x|``. Signed codecs refuse unsigned
-codebooks (they cannot hold a negative first moment).
+(scaled and MX) encode ``|x|`` and clear the sign bit of the code on encoding and on
+decoding (so one bit of the code is unused); ``cast`` encodes and decodes ``|x|``.
+Signed codecs refuse unsigned codebooks (they cannot hold a negative first moment).
+``sqrt=True`` (unsigned codecs only) stores ``sqrt(|x|)`` and decodes its square.
 
 **Rounding**: ``nearest`` (round half to even on grids; codebooks as in
 :mod:`numerics.codebooks`) or ``stochastic``: grid kinds round in the integer domain
