@@ -26,7 +26,8 @@ the target kernels stored per ``base_format``:
   the padding is stored), double-quantized scales by default (QLoRA);
 * a :class:`numerics.quantizer.QuantSpec` for block formats (e.g. MXINT8
   ``QuantSpec("int8", block_size=32, axis=0)``, MXFP8, MXFP4, NVFP4), deterministic
-  rounding only.
+  rounding only. (:class:`numerics.blockscale.QuantizedArray` keeps one FP4 code per
+  byte, so MXFP4/NVFP4 bases measure about 1 byte per weight, not 0.5.)
 
 Dequantization (``dequantize``): ``"per_gemm"`` dequantizes inside each projection,
 under ``jax.checkpoint`` so that the backward pass recomputes it instead of keeping
