@@ -122,12 +122,7 @@ def test_gradients_reach_only_the_adapters():
     assert np.all(np.asarray(leaf) == 0)
   for ad in g_ad.values():  # B = 0: A gets no gradient yet, B does
     assert np.all(np.asarray(ad.a) == 0) and np.any(np.asarray(ad.b) != 0)
-  # Once B moves, A trains too; the per-GEMM (rematerialized) path agrees.
+  # Once B moves, A trains too.
   moved = {k: v._replace(b=v.b - 0.1 * g_ad[k].b) for k, v in adapters.items()}
-  g1 = grad(moved, base, config)[0]
-  g2 = grad(moved, base, lora.LoRAConfig(rank=4, base_format="fp32",
-                                         dequantize="materialize"))[0]
-  for k in g1:
-    assert np.any(np.asarray(g1[k].a) != 0)
-    np.testing.assert_allclose(np.asarray(g1[k].a), np.asarray(g2[k].a), rtol=1e-5,
-                               atol=1e-7)
+  for g in grad(moved, base, config)[0].values():
+    assert np.any(np.asarray(g.a) != 0)
