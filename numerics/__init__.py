@@ -11,9 +11,13 @@ The public API (see README.md):
     numerics.random_hadamard(x, key, ...)            # and inverse_random_hadamard
     numerics.rounding.error_feedback(x, residual, fmt)
     numerics.kv_quant.init / write / read           # quantized KV-cache storage
+    numerics.nf4.quantize_nf4(x, ...) / dequantize_nf4(q)   # QLoRA NF4 tensors
+    numerics.codebooks.get(name)                     # lookup-table formats (NF4, dynamic maps)
+    numerics.memory.bytes_per_param(state, params)   # measured pytree bytes
 """
 
 from numerics import blockscale
+from numerics import codebooks
 from numerics import encoding
 from numerics import qdot
 from numerics import quantizer
@@ -21,6 +25,8 @@ from numerics import recipes
 from numerics import formats
 from numerics import hadamard
 from numerics import kv_quant
+from numerics import memory
+from numerics import nf4
 from numerics import random_bits
 from numerics import rounding
 from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
@@ -29,8 +35,9 @@ from numerics.hadamard import inverse_random_hadamard, random_hadamard
 from numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
-    "blockscale", "encoding", "formats", "hadamard", "kv_quant", "qdot", "quantizer",
-    "random_bits", "recipes", "rounding", "QuantizedArray", "QuantSpec", "cast", "cast_with_words",
+    "blockscale", "codebooks", "encoding", "formats", "hadamard", "kv_quant", "memory",
+    "nf4", "qdot", "quantizer", "random_bits", "recipes", "rounding", "QuantizedArray",
+    "QuantSpec", "cast", "cast_with_words",
     "dequantize", "error_feedback", "fake_quant", "inverse_random_hadamard",
     "quantize_mx", "quantize_nvfp4", "random_hadamard",
 ]

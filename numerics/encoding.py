@@ -173,3 +173,39 @@ def decode_arith_scaled(codes: jax.Array, fmt: formats_lib.Format,
     raise ValueError(f"decode_arith_scaled does not handle {fmt.name}")
   bits = rounding_lib.compose_bits(n, qe + scale_exp) | (sign << 31)
   return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def pack_nibbles(codes: jax.Array) -> jax.Array:
+  """Packs 4-bit codes (uint8 in [0, 15]) two per byte along the last axis.
+
+  Element ``2j`` goes to the high nibble and ``2j + 1`` to the low nibble of byte
+  ``j`` (the order of bitsandbytes' 4-bit kernels and torchao's 4-bit optimizer
+  state). An odd last axis is padded with a zero code. Bits above the low nibble of
+  the input are ignored.
+  """
+  c = jnp.asarray(codes)
+  if c.dtype != jnp.uint8:
+    raise TypeError(f"pack_nibbles expects uint8 codes, got {c.dtype}")
+  if c.ndim == 0:
+    raise ValueError("pack_nibbles needs at least one axis")
+  if c.shape[-1] % 2:
+    c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, 1)])
+  c = c & np.uint8(0x0F)
+  return (c[..., 0::2] << np.uint8(4)) | c[..., 1::2]
+
+
+def unpack_nibbles(packed: jax.Array, length: int | None = None) -> jax.Array:
+  """Inverse of :func:`pack_nibbles`: uint8 codes in [0, 15], last axis doubled.
+
+  ``length`` (optional) trims the unpacked last axis (drops the pad of an odd one).
+  """
+  p = jnp.asarray(packed)
+  if p.dtype != jnp.uint8:
+    raise TypeError(f"unpack_nibbles expects uint8 bytes, got {p.dtype}")
+  out = jnp.stack([p >> np.uint8(4), p & np.uint8(0x0F)], axis=-1)
+  out = out.reshape(*p.shape[:-1], 2 * p.shape[-1])
+  if length is not None:
+    if not 0 <= length <= out.shape[-1]:
+      raise ValueError(f"length {length} out of range for {out.shape[-1]} codes")
+    out = out[..., :length]
+  return out

@@ -5,9 +5,17 @@
     handoff(first, second, switch_step, transfer="momentum")
     warm_restarts_schedule / cosine_schedule
     deoscillate(Q, period, ratio, start_step)   ALTO weight de-oscillation (post-step)
+    quantized_adamw(lr, ..., state_format="dynamic8")   Adam(W) with quantized moments
+    state_format(name, ...) / MomentCodec / StateFormat  how the moments are stored
+    bf16_master_weights(rounding="stochastic" | "kahan" | "nearest")   last in a chain
 """
 
 from numerics.optim.deoscillation import DeoscillationState, deoscillate
+from numerics.optim.master_weights import MasterWeightsState, bf16_master_weights
+from numerics.optim.moment_codecs import (EncodedMoment, MomentCodec, StateFormat,
+                                          state_format, state_format_names)
+from numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
+                                           quantized_adamw, scale_by_quantized_adam)
 from numerics.optim.handoff import (HandoffState, handoff, in_second_phase,
                                     momentum_transfer, no_transfer)
 from numerics.optim.muon import (MuonState, all_matrices_labels, default_param_labels, muon,
@@ -20,4 +28,7 @@ __all__ = [
     "cycle_lengths", "default_param_labels", "handoff", "in_second_phase",
     "momentum_transfer", "muon", "newton_schulz", "no_transfer", "perturbation", "sam",
     "scale_by_muon", "shape_scale", "warm_restarts_schedule",
+    "EncodedMoment", "MasterWeightsState", "MomentCodec", "QuantizedAdamState",
+    "StateFormat", "bf16_master_weights", "decoded_moments", "quantized_adamw",
+    "scale_by_quantized_adam", "state_format", "state_format_names",
 ]
