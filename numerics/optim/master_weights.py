@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from numerics import rounding as rounding_lib
