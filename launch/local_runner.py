@@ -15,6 +15,7 @@ from typing import Sequence
 
 from absl import logging
 
+from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
 from launch.manifest import RunSpec
@@ -54,9 +55,24 @@ class RunOutcome:
   wall_s: float
   log_path: str
 
+  @property
+  def status(self) -> str:
+    """``skipped``, ``completed``, ``preempted`` (checkpointed, no results row: rerun
+    the sweep to resume it) or ``failed``."""
+    if self.returncode is None:
+      return "skipped"
+    if self.returncode == 0:
+      return "completed"
+    return "preempted" if self.returncode == PREEMPTED_EXIT_CODE else "failed"
+
 
 def completed_runs(results_file: str) -> set[str]:
-  return {row.get("run_name") for row in read_results(results_file)}
+  """Run names with a results row (damaged lines skipped: their runs rerun)."""
+  problems: list[str] = []
+  rows = read_results(results_file, problems)
+  for p in problems:
+    logging.warning("ignoring %s", p)
+  return {row.get("run_name") for row in rows}
 
 
 def _in_repo(path: str) -> str:
@@ -124,7 +140,7 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
         wall = time.monotonic() - t0
         outcomes.append(RunOutcome(spec.run_name, rc, wall, log_path))
         (logging.info if rc == 0 else logging.error)(
-            "%s finished rc=%d in %.1f s", spec.run_name, rc, wall)
+            "%s %s (rc=%d) in %.1f s", spec.run_name, outcomes[-1].status, rc, wall)
         del running[slot]
         free.append(slot)
   finally:

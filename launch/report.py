@@ -23,15 +23,24 @@ from absl import app, flags
 
 from experiments.common.curve_plots import plot_curves
 from experiments.common.stats import paired_difference, summarize
-from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run, run_dir
+from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
+                                           run_dir)
 from experiments.common.tensorboard_reader import read_scalars
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
 FINDINGS = "FINDINGS.md"
 
 
-def _fmt(x: float, digits: int = 4) -> str:
-  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+def _number(x: Any) -> float | None:
+  """``x`` as a finite float, or None (missing, null, NaN, Inf, or not a number)."""
+  if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+    return None
+  return float(x)
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+  x = _number(x)
+  return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def _slug(tag: str) -> str:
@@ -61,12 +70,15 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
 
   The sweep's appendix (if declared) follows the generated sections, then the contents
   of ``<sweep_dir>/FINDINGS.md`` (if present), so a rebuild keeps the hand-written reading.
-  Runs on calibration seeds are listed but kept out of every statistic.
+  Runs on calibration seeds are listed but kept out of every statistic. A metric is
+  averaged only over all of an arm's completed runs: if some lack it, its cell says
+  so and the runs are named. Damaged results lines are skipped and listed.
   """
   info = read_sweep_info(sweep_dir)
   manifest = read_manifest(sweep_dir)
   by_name = {m["run_name"]: m for m in manifest}
-  rows = results_by_run(sweep_dir)
+  results = read_sweep_results(sweep_dir)
+  rows = results.rows
   calibration = {m["run_name"] for m in manifest if m.get("calibration")}
   arms = [a["name"] for a in info["arms"]]
   baseline = info["baseline"]
@@ -74,16 +86,22 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   higher = set(info.get("higher_is_better", []))
   recorded_dir = info.get("sweep_dir", "<sweep_dir>")
 
-  # arm -> metric -> seed -> value (evaluation seeds only)
+  # arm -> metric -> seed -> value (evaluation seeds only); the runs lacking a metric
   values: dict[str, dict[str, dict[int, float]]] = {a: collections.defaultdict(dict) for a in arms}
+  completed: dict[str, list[str]] = {a: [] for a in arms}
+  lacking: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
   for name, row in rows.items():
     if name in calibration:
       continue
     m = by_name[name]
+    completed[m["arm"]].append(name)
+    row_metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
     for metric in metrics:
-      v = row.get("metrics", {}).get(metric)
-      if isinstance(v, (int, float)) and math.isfinite(v):
-        values[m["arm"]][metric][m["seed"]] = float(v)
+      v = _number(row_metrics.get(metric))
+      if v is None:
+        lacking[(m["arm"], metric)].append(name)
+      else:
+        values[m["arm"]][metric][m["seed"]] = v
 
   lines = [f"# Sweep `{info['name']}`", ""]
   if info.get("description"):
@@ -99,6 +117,13 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   if missing:
     lines += ["**Missing runs** (no results row; see their `launch.log`): "
               + ", ".join(f"`{n}`" for n in missing), ""]
+  if results.problems:
+    lines += ["**Damaged results lines, skipped:** "
+              + "; ".join(f"`{p}`" for p in results.problems), ""]
+  if results.duplicates:
+    lines += ["**Runs with more than one results row** (rows are keyed by run name; the "
+              "newest complete row is used): " + ", ".join(
+                  f"`{n}` ({k} rows)" for n, k in sorted(results.duplicates.items())), ""]
   if calibration:
     lines += ["Runs on calibration seeds (listed below, left out of every statistic): "
               + ", ".join(f"`{n}`" for n in sorted(calibration)), ""]
@@ -107,21 +132,28 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   lines.append("")
 
   lines += ["## Ablation table", "",
-            f"Mean ± sample std over seeds (n = completed seeds). "
+            f"Mean ± sample std over seeds (n = completed runs; a cell is given only when "
+            "every one of them has the metric). "
             + ", ".join(f"`{m}` {'higher' if m in higher else 'lower'} is better"
                         for m in metrics) + ".", ""]
   lines.append("| arm | n | " + " | ".join(f"`{m}`" for m in metrics) + " |")
   lines.append("|---|---|" + "---|" * len(metrics))
+  notes = []
   for a in arms:
     cells = []
-    n = 0
     for metric in metrics:
+      if lacking.get((a, metric)):
+        cells.append(f"n/a ({len(lacking[(a, metric)])} of {len(completed[a])} runs lack it)")
+        notes.append(f"`{a}` / `{metric}`: missing in "
+                     + ", ".join(f"`{n}`" for n in sorted(lacking[(a, metric)])))
+        continue
       s = summarize(list(values[a][metric].values()))
-      n = max(n, s.n)
       cells.append(f"{_fmt(s.mean)} ± {_fmt(s.std)}" if s.n else "n/a")
-    lines.append(f"| `{a}`{' (baseline)' if a == baseline else ''} | {n} | "
+    lines.append(f"| `{a}`{' (baseline)' if a == baseline else ''} | {len(completed[a])} | "
                  + " | ".join(cells) + " |")
   lines.append("")
+  if notes:
+    lines += ["Runs that lack a metric: " + "; ".join(notes) + ".", ""]
 
   pct = int(round(confidence * 100))
   lines += [f"## Paired differences against `{baseline}`", "",
@@ -169,10 +201,10 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
       lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | "
                    + " | ".join("missing" for _ in metrics) + " | | |")
       continue
-    vals = [_fmt(row["metrics"].get(metric, math.nan)) for metric in metrics]
+    row_metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
+    vals = [_fmt(row_metrics.get(metric)) for metric in metrics]
     lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
-                 + f" | {_fmt(row.get('steps_per_s', math.nan), 2)} | "
-                 f"{_fmt(row.get('wall_s', math.nan), 1)} |")
+                 + f" | {_fmt(row.get('steps_per_s'), 2)} | {_fmt(row.get('wall_s'), 1)} |")
   lines += ["", "## Reproduce", "",
             f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}` "
             f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "

@@ -218,9 +218,11 @@ def main(argv):
   executed = [o for o in outcomes if o.returncode is not None]
   if executed:
     record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
-  failed = [o for o in outcomes if o.returncode not in (0, None)]
+  failed = [o for o in outcomes if o.status in ("failed", "preempted")]
   for o in failed:
-    print(f"FAILED {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
+    what = ("PREEMPTED (checkpointed, no results row: rerun the sweep to resume it)"
+            if o.status == "preempted" else "FAILED")
+    print(f"{what} {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
           file=sys.stderr)
   if FLAGS.report:
     from launch import report  # pylint: disable=import-outside-toplevel

@@ -45,31 +45,40 @@ class AltoConfig(lm.LMConfig):
   recipe: str = config_field(
       "mxfp4", "Base recipe of the projections and expert GEMMs: bf16, or one of "
       "numerics.recipes.names() (mxfp4_1d2d; mxfp4_rht = + RHT; mxfp4 = + RHT + SR; nvfp4).")
-  seq_len: int = config_field(64, "Tokens per training window.")
-  d_model: int = config_field(128, "Model width.")
-  num_layers: int = config_field(2, "Transformer blocks (each with an MoE feed-forward).")
-  d_ff: int = config_field(128, "Hidden width of each expert.")
-  num_steps: int = config_field(600, "Training steps.")
-  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.")
-  warmup_steps: int = config_field(50, "Linear warmup steps, then cosine decay to 10%.")
-  eval_every: int = config_field(50, "Evaluate on validation every N steps (and at the end).")
-  histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.")
-  num_experts: int = config_field(8, "Experts per MoE feed-forward.")
-  experts_per_token: int = config_field(2, "Top-k experts per token.")
-  moe_capacity_factor: float = config_field(1.25, "Expert slots = factor * tokens * k / E.")
-  moe_balance_coef: float = config_field(0.01, "Weight of the load-balancing loss.")
+  seq_len: int = config_field(64, "Tokens per training window.", domain="[1, inf)")
+  d_model: int = config_field(128, "Model width.", domain="[1, inf)")
+  num_layers: int = config_field(2, "Transformer blocks (each with an MoE feed-forward).",
+                                 domain="[1, inf)")
+  d_ff: int = config_field(128, "Hidden width of each expert.", domain="[1, inf)")
+  num_steps: int = config_field(600, "Training steps.", domain="[1, inf)")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
+  warmup_steps: int = config_field(50, "Linear warmup steps, then cosine decay to 10%.",
+                                   domain="[0, inf)")
+  eval_every: int = config_field(50, "Evaluate on validation every N steps (and at the end).",
+                                 domain="[0, inf)")
+  histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.",
+                                      domain="[0, inf)")
+  num_experts: int = config_field(8, "Experts per MoE feed-forward.", domain="[1, inf)")
+  experts_per_token: int = config_field(2, "Top-k experts per token.", domain="[1, inf)")
+  moe_capacity_factor: float = config_field(1.25, "Expert slots = factor * tokens * k / E.",
+                                            domain="(0, inf)")
+  moe_balance_coef: float = config_field(0.01, "Weight of the load-balancing loss.",
+                                         domain="[0, inf)")
   recipe_options: str = config_field(
       "", "Comma-separated recipe options: " + ", ".join(RECIPE_OPTIONS) + " (ALTO's "
       "negative results; '' for none).")
-  dge_k: int = config_field(5, "DGE surrogate sharpness k.")
-  dge_clamp: float = config_field(3.0, "DGE derivative clamp [0, clamp].")
+  dge_k: int = config_field(5, "DGE surrogate sharpness k.", domain="[1, inf)")
+  dge_clamp: float = config_field(3.0, "DGE derivative clamp [0, clamp].", domain="(0, inf)")
   static_clip_factor: float = config_field(0.75, "Static clipping: x factor before, "
-                                           "/ factor after each GEMM operand.")
-  macro_block: int = config_field(128, "Macro-block size of the macro_block option.")
+                                           "/ factor after each GEMM operand.", domain="(0, 1]")
+  macro_block: int = config_field(128, "Macro-block size of the macro_block option.",
+                                  domain="[1, inf)")
   deoscillation: bool = config_field(False, "Chain weight de-oscillation after AdamW.")
-  deosc_period: int = config_field(50, "De-oscillation window P (steps).")
-  deosc_ratio: float = config_field(4.0, "Snap elements with d_Q / d_w >= this ratio.")
-  deosc_start: int = config_field(150, "Optimizer steps before the first window.")
+  deosc_period: int = config_field(50, "De-oscillation window P (steps).", domain="[1, inf)")
+  deosc_ratio: float = config_field(4.0, "Snap elements with d_Q / d_w >= this ratio.",
+                                    domain="(0, inf)")
+  deosc_start: int = config_field(150, "Optimizer steps before the first window.",
+                                  domain="[0, inf)")
 
   def __post_init__(self):
     super().__post_init__()

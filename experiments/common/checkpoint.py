@@ -24,8 +24,10 @@ written once, by the process holding replica 0.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 from typing import Any, Mapping, NamedTuple
 
 import jax
@@ -103,12 +105,28 @@ class Checkpointer:
     if snapshot.step in self._manager.all_steps():
       return
     trees = {"state": snapshot.state, "rng": snapshot.rng}
+    self._check_space(snapshot.step, trees)
     meta = {"step": int(snapshot.step), "data_position": int(snapshot.data_position),
             "record": dict(snapshot.record), "checksums": array_checksums(trees)}
     self._manager.save(snapshot.step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(trees), meta=ocp.args.JsonSave(meta)), force=True)
     self._manager.wait_until_finished()
     self._prune()
+
+  def _check_space(self, step: int, trees: Any) -> None:
+    """Raises ENOSPC before writing when the disk cannot hold the checkpoint.
+
+    A write that runs out of space half way fails inside tensorstore's threads, which
+    print a traceback per pending write; checking first gives one clear error instead.
+    The estimate is the arrays' bytes plus 10% and 256 KiB of metadata (measured: a
+    180 KB state took 216 KB on disk)."""
+    nbytes = sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+                 for x in jax.tree.leaves(trees))
+    needed = int(1.1 * nbytes) + (256 << 10)
+    free = shutil.disk_usage(self.directory).free
+    if free < needed:
+      raise OSError(errno.ENOSPC, f"No space left on device for checkpoint step {step}: "
+                    f"{free} bytes free, about {needed} needed", self.directory)
 
   def delete_after(self, step: int) -> None:
     """Deletes every checkpoint newer than ``step`` (an abandoned trajectory)."""

@@ -1,15 +1,21 @@
 """absl flags generated from a frozen config dataclass, and the config rebuilt from them.
 
 A config is a frozen dataclass whose fields are ``int``, ``float``, ``str`` or ``bool`` and
-carry ``metadata={"help": ...}`` (and optionally ``"choices"``). One flag is defined per
-field, so ``--help`` documents every field and the dataclass stays the single source of
-truth. Library code never reads ``FLAGS``; only an entry point calls
-:func:`config_from_flags` and passes the config down.
+carry ``metadata={"help": ...}`` and, for numbers, the field's domain (an interval such
+as ``"(0, inf)"`` or ``"[0, 1)"``; see :func:`config_field`), and optionally
+``"choices"``. One flag is defined per field, so ``--help`` documents every field and
+its domain and the dataclass stays the single source of truth. :func:`check_fields`
+(every config class calls it in ``__post_init__``) rejects a value outside its domain,
+naming the field, so ``--learning_rate=-1`` fails before anything runs. Library code
+never reads ``FLAGS``; only an entry point calls :func:`config_from_flags` and passes
+the config down.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from typing import Any, TypeVar
 
@@ -19,9 +25,34 @@ T = TypeVar("T")
 _SCALARS = (bool, int, float, str)
 
 
-def config_field(default: Any, help: str, *, choices: tuple[str, ...] | None = None
-                 ) -> Any:  # pylint: disable=redefined-builtin
-  """A dataclass field with the help text (and choices) its flag will show."""
+_INTERVAL = re.compile(r"^([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])$")
+
+
+def parse_domain(domain: str) -> tuple[float, float, bool, bool]:
+  """``"(0, inf)"`` -> ``(low, high, low_closed, high_closed)``."""
+  m = _INTERVAL.match(domain.strip())
+  if not m:
+    raise ValueError(f"domain {domain!r} is not an interval like '[0, inf)' or '(0, 1]'")
+  low, high = float(m.group(2)), float(m.group(3))
+  if not low < high:
+    raise ValueError(f"domain {domain!r} is empty")
+  return low, high, m.group(1) == "[", m.group(4) == "]"
+
+
+def in_domain(value: float, domain: str) -> bool:
+  low, high, low_closed, high_closed = parse_domain(domain)
+  if not math.isfinite(value) and not (math.isinf(value) and value in (low, high)):
+    return False
+  above = value >= low if low_closed else value > low
+  below = value <= high if high_closed else value < high
+  return above and below
+
+
+def config_field(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
+                 domain: str | None = None) -> Any:  # pylint: disable=redefined-builtin
+  """A dataclass field with the help text (and choices or numeric domain) its flag
+  will show. ``domain`` is an interval, ``[`` / ``]`` closed and ``(`` / ``)`` open,
+  ``inf`` allowed: ``"(0, inf)"`` (positive), ``"[0, inf)"``, ``"[0, 1)"``, ``"[1, inf)"``."""
   if not help:
     raise ValueError("every config field needs a help text")
   metadata: dict[str, Any] = {"help": help}
@@ -29,7 +60,26 @@ def config_field(default: Any, help: str, *, choices: tuple[str, ...] | None = N
     if default not in choices:
       raise ValueError(f"default {default!r} not in choices {choices}")
     metadata["choices"] = tuple(choices)
+  if domain is not None:
+    if isinstance(default, (bool, str)) or not in_domain(default, domain):
+      raise ValueError(f"default {default!r} is not a number in the domain {domain}")
+    metadata["domain"] = domain
+    metadata["help"] = f"{help} Domain: {domain}."
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_fields(config: Any) -> None:
+  """Raises ValueError for the first field outside its declared domain or choices."""
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    domain = f.metadata.get("domain")
+    if domain is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                               or not in_domain(value, domain)):
+      raise ValueError(f"{type(config).__name__}.{f.name} must be in {domain}, got {value!r}")
+    choices = f.metadata.get("choices")
+    if choices is not None and value not in choices:
+      raise ValueError(f"{type(config).__name__}.{f.name} must be one of {list(choices)}, "
+                       f"got {value!r}")
 
 
 def _field_types(cls: type) -> dict[str, type]:

@@ -1,4 +1,9 @@
-"""Keeps third-party INFO chatter (orbax logs ~20 lines per save) out of progress output."""
+"""Keeps third-party chatter out of an entry point's output.
+
+orbax logs ~20 INFO lines per save, and when a save fails (a full disk) it logs the
+error with its traceback from each of its worker threads before re-raising it to the
+caller, which reports it once (:mod:`experiments.common.script`).
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,16 @@ class _DropInfoFrom(std_logging.Filter):
     self._fragments = path_fragments
 
   def filter(self, record: std_logging.LogRecord) -> bool:
+    from_library = any(f in record.pathname for f in self._fragments)
     if record.levelno >= std_logging.WARNING:
-      return True
-    return not any(f in record.pathname for f in self._fragments)
+      # A worker thread's copy of an exception its caller re-raises and reports.
+      return not (from_library and "raised an exception" in record.getMessage())
+    return not from_library
 
 
 def quiet_library_info(path_fragments: tuple[str, ...] = ("/orbax/",)) -> None:
-  """Drops INFO/DEBUG records emitted from files under ``path_fragments`` (entry points only)."""
+  """Drops INFO/DEBUG records emitted from files under ``path_fragments``, and their
+  worker threads' logged copies of re-raised exceptions (entry points only)."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropInfoFrom) for f in handler.filters):
     handler.addFilter(_DropInfoFrom(path_fragments))

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from experiments.common.config_flags import config_field
+from experiments.common.config_flags import check_fields, config_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,19 +28,22 @@ class RunOptions:
   resume_step: int = config_field(
       -1, "With --resume: continue from this checkpoint step instead of the newest intact "
       "one (e.g. the last healthy checkpoint before a divergence, which is always kept); "
-      "the newer checkpoints are deleted. -1: the newest.")
+      "the newer checkpoints are deleted. -1: the newest.", domain="[-1, inf)")
   stop_at_step: int = config_field(
       0, "If > 0, checkpoint and exit after this step as if preempted (no results row). "
-      "For testing resume; the schedule still follows --num_steps.")
+      "For testing resume; the schedule still follows --num_steps.", domain="[0, inf)")
   coordinator_address: str = config_field(
       "", "host:port of process 0 for jax.distributed.initialize. Empty: auto-detect a "
       "cluster (SLURM/Open MPI/Cloud TPU/Kubernetes) or run single-process.")
   num_processes: int = config_field(
-      0, "Number of processes in the job (with --coordinator_address).")
+      0, "Number of processes in the job (with --coordinator_address).", domain="[0, inf)")
   process_id: int = config_field(
-      -1, "This process's index in the job (with --coordinator_address).")
+      -1, "This process's index in the job (with --coordinator_address).", domain="[-1, inf)")
   single_process: bool = config_field(
       False, "Never call jax.distributed.initialize, even if a cluster is detected.")
+
+  def __post_init__(self):
+    check_fields(self)
 
 
 def default_run_name(config: Any, max_len: int = 48) -> str:

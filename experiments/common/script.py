@@ -99,9 +99,9 @@ def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
       sys.exit(2)
     except BaseException as e:  # pylint: disable=broad-except
       if _disk_full(e):
-        print(f"error: out of disk space while writing the run in {options.workdir} "
-              f"({_first_line(e)}); last good checkpoint: "
-              f"{_last_checkpoint(options.workdir)}. Free space, then rerun with --resume.",
+        print(f"error: no space left on device while writing the run in "
+              f"{options.workdir}; last good checkpoint: {_last_checkpoint(options.workdir)}. "
+              f"Free space, then rerun with --resume. (cause: {_first_line(e)[:160]})",
               file=sys.stderr)
         sys.exit(DISK_FULL_EXIT_CODE)
       raise

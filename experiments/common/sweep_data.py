@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from experiments.common.results import read_results
 from experiments.common.tensorboard_reader import read_scalars
@@ -44,14 +44,39 @@ def run_dir(sweep_dir: str, run_name: str) -> str:
   return os.path.join(sweep_dir, "runs", run_name)
 
 
-def results_by_run(sweep_dir: str) -> dict[str, dict[str, Any]]:
-  """``run_name -> results row`` of the manifest's runs (a later row wins)."""
+class SweepResults(NamedTuple):
+  """The results rows of a sweep directory, one per run, and what was odd about them.
+
+  ``rows``: ``run_name -> row`` of the manifest's runs, the newest complete row of each
+  (rows are keyed by run name; a row not marked complete counts only when no complete
+  one exists). ``duplicates``: ``run_name -> number of rows`` where there was more than
+  one. ``problems``: ``file:line: reason`` of every line that is not a results row.
+  """
+
+  rows: dict[str, dict[str, Any]]
+  duplicates: dict[str, int]
+  problems: list[str]
+
+
+def read_sweep_results(sweep_dir: str) -> SweepResults:
+  """Every run's results row (see :class:`SweepResults`), tolerating damaged lines."""
   names = {m["run_name"] for m in read_manifest(sweep_dir)}
-  rows = {}
-  for row in read_results(os.path.join(sweep_dir, "results.jsonl")):
+  problems: list[str] = []
+  by_run: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+  for row in read_results(os.path.join(sweep_dir, "results.jsonl"), problems):
     if row.get("run_name") in names:
-      rows[row["run_name"]] = row
-  return rows
+      by_run[row["run_name"]].append(row)
+  rows = {}
+  for name, candidates in by_run.items():
+    complete = [r for r in candidates if r.get("completed", True)]
+    rows[name] = (complete or candidates)[-1]
+  duplicates = {n: len(c) for n, c in by_run.items() if len(c) > 1}
+  return SweepResults(rows, duplicates, problems)
+
+
+def results_by_run(sweep_dir: str) -> dict[str, dict[str, Any]]:
+  """``run_name -> results row`` of the manifest's runs (:func:`read_sweep_results`)."""
+  return read_sweep_results(sweep_dir).rows
 
 
 def completed_curves(sweep_dir: str, *, complete_tag: str, complete_len: int

@@ -59,8 +59,10 @@ OPTIMIZERS = ("adam", "sgdm")
 class FairCastConfig(rl_config.RLConfig):
   """The RL run of :class:`StaleSamplerConfig` with a float32 master and a served copy."""
 
-  refresh_interval: int = config_field(1, "Export to the sampler every K updates.")
-  learning_rate: float = config_field(1e-5, "Learner learning rate (constant).")
+  refresh_interval: int = config_field(1, "Export to the sampler every K updates.",
+                                       domain="[1, inf)")
+  learning_rate: float = config_field(1e-5, "Learner learning rate (constant).",
+                                      domain="(0, inf)")
   export_format: str = config_field("bf16", "Served element format (numerics.formats).")
   export_rounding: str = config_field("nearest", "Export rounding.",
                                       choices=export_lib.EXPORT_ROUNDINGS)
@@ -68,11 +70,12 @@ class FairCastConfig(rl_config.RLConfig):
       False, "Compute the loss on the served copy (straight-through to the masters).")
   optimizer_kind: str = config_field("adam", "adam, or SGD with momentum (sgdm).",
                                      choices=OPTIMIZERS)
-  momentum: float = config_field(0.9, "SGD momentum (optimizer_kind=sgdm).")
+  momentum: float = config_field(0.9, "SGD momentum (optimizer_kind=sgdm).", domain="[0, 1)")
   master_on_grid: bool = config_field(
       True, "Start the float32 masters on the served grid (as from a bf16 checkpoint).")
-  lag_history: int = config_field(256, "Updates of master history for the lag k*.")
-  lag_every: int = config_field(8, "Compute the lag k* every N updates.")
+  lag_history: int = config_field(256, "Updates of master history for the lag k*.",
+                                  domain="[1, inf)")
+  lag_every: int = config_field(8, "Compute the lag k* every N updates.", domain="[1, inf)")
 
   def __post_init__(self):
     super().__post_init__()

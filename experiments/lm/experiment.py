@@ -30,7 +30,7 @@ from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.config_flags import config_field
+from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
@@ -50,30 +50,43 @@ class LMConfig:
       "bf16", "Numerics recipe of the linear projections (attention products and the LM "
       "head stay bf16, as in ALTO): fp32, or any of numerics.recipes.names() (bf16, fp8, "
       "mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
-  seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.")
+  seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.",
+                           domain="[0, inf)")
   tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
-  max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).")
-  validation_fraction: float = config_field(0.1, "Last fraction of the text held out.")
-  seq_len: int = config_field(128, "Tokens per training window.")
-  batch_size: int = config_field(32, "Global batch size (split over the data mesh).")
-  d_model: int = config_field(128, "Model width.")
-  num_layers: int = config_field(2, "Transformer blocks.")
-  num_heads: int = config_field(4, "Attention heads.")
-  d_ff: int = config_field(512, "Feed-forward hidden width.")
-  num_steps: int = config_field(1000, "Training steps.")
-  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.")
-  warmup_steps: int = config_field(100, "Linear warmup steps, then cosine decay to 10%.")
-  weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.")
-  beta2: float = config_field(0.95, "AdamW second-moment decay.")
-  grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).")
-  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).")
-  eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).")
-  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.")
-  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).")
-  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+  max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).",
+                                domain="[0, inf)")
+  validation_fraction: float = config_field(0.1, "Last fraction of the text held out.",
+                                            domain="(0, 1)")
+  seq_len: int = config_field(128, "Tokens per training window.", domain="[1, inf)")
+  batch_size: int = config_field(32, "Global batch size (split over the data mesh).",
+                                 domain="[1, inf)")
+  d_model: int = config_field(128, "Model width.", domain="[1, inf)")
+  num_layers: int = config_field(2, "Transformer blocks.", domain="[1, inf)")
+  num_heads: int = config_field(4, "Attention heads.", domain="[1, inf)")
+  d_ff: int = config_field(512, "Feed-forward hidden width.", domain="[1, inf)")
+  num_steps: int = config_field(1000, "Training steps.", domain="[1, inf)")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
+  warmup_steps: int = config_field(100, "Linear warmup steps, then cosine decay to 10%.",
+                                   domain="[0, inf)")
+  weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.", domain="[0, inf)")
+  beta2: float = config_field(0.95, "AdamW second-moment decay.", domain="[0, 1)")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).",
+                                  domain="[0, inf)")
+  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).",
+                                 domain="[0, inf)")
+  eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).",
+                                   domain="[1, inf)")
+  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.",
+                                domain="[0, inf)")
+  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).",
+                                       domain="[0, inf)")
+  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.",
+                                      domain="[0, inf)")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
+                                         domain="(0, inf)")
 
   def __post_init__(self):
+    check_fields(self)  # every field in its declared domain
     for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -218,7 +231,8 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                  splits.validation.size)
 
     settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                            eval_every=config.eval_every,
+                            checkpoint_every=config.checkpoint_every,
                             histogram_every=config.histogram_every,
                             progress_every_s=config.progress_every_s,
                             stop_at_step=options.stop_at_step,

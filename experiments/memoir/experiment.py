@@ -34,7 +34,7 @@ from experiments.memoir import recall_task
 from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.config_flags import config_field
+from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
@@ -53,36 +53,51 @@ class MemoirExperimentConfig:
                            "it reads; read_only keeps it fixed.", choices=memoir_lib.MODES)
   halting: str = config_field("ponder", "ponder: learned PonderNet halting; fixed: always "
                               "max_steps.", choices=memoir_lib.HALTINGS)
-  seed: int = config_field(0, "Seed of parameter init, data and per-step keys.")
-  num_pairs: int = config_field(8, "Key-value pairs written per sample.")
-  key_dim: int = config_field(32, "Dimension of the task's keys.")
-  num_values: int = config_field(16, "Distinct value ids (recall chance is 1/num_values).")
-  num_groups: int = config_field(3, "Prototype directions keys share within a sample.")
-  shared: float = config_field(0.3, "Squared weight of the shared prototype in each key.")
-  query_noise: float = config_field(0.1, "Norm of the Gaussian noise added to the query.")
-  d_latent: int = config_field(64, "Pondering latent width.")
-  d_mem: int = config_field(32, "Fast memory is d_mem x d_mem.")
-  d_hidden: int = config_field(320, "Hidden width of the pondering core.")
-  d_pred: int = config_field(128, "Hidden width of the energy predictor.")
-  max_steps: int = config_field(4, "Pondering iterations N.")
-  prior_lambda: float = config_field(0.3, "Halting prior Geometric(prior_lambda).")
-  kl_weight: float = config_field(0.01, "Weight of KL(halting || prior).")
-  energy_weight: float = config_field(0.1, "Weight of the energy hinge loss.")
-  energy_margin: float = config_field(1.0, "Hinge margin between E(neg) and E(pos).")
-  batch_size: int = config_field(64, "Samples per step.")
-  num_steps: int = config_field(240, "Training steps.")
-  learning_rate: float = config_field(1e-3, "Peak AdamW learning rate.")
+  seed: int = config_field(0, "Seed of parameter init, data and per-step keys.",
+                           domain="[0, inf)")
+  num_pairs: int = config_field(8, "Key-value pairs written per sample.", domain="[1, inf)")
+  key_dim: int = config_field(32, "Dimension of the task's keys.", domain="[1, inf)")
+  num_values: int = config_field(16, "Distinct value ids (recall chance is 1/num_values).",
+                                 domain="[2, inf)")
+  num_groups: int = config_field(3, "Prototype directions keys share within a sample.",
+                                 domain="[1, inf)")
+  shared: float = config_field(0.3, "Squared weight of the shared prototype in each key.",
+                               domain="[0, 1)")
+  query_noise: float = config_field(0.1, "Norm of the Gaussian noise added to the query.",
+                                    domain="[0, inf)")
+  d_latent: int = config_field(64, "Pondering latent width.", domain="[1, inf)")
+  d_mem: int = config_field(32, "Fast memory is d_mem x d_mem.", domain="[1, inf)")
+  d_hidden: int = config_field(320, "Hidden width of the pondering core.", domain="[1, inf)")
+  d_pred: int = config_field(128, "Hidden width of the energy predictor.", domain="[1, inf)")
+  max_steps: int = config_field(4, "Pondering iterations N.", domain="[1, inf)")
+  prior_lambda: float = config_field(0.3, "Halting prior Geometric(prior_lambda).",
+                                     domain="(0, 1)")
+  kl_weight: float = config_field(0.01, "Weight of KL(halting || prior).", domain="[0, inf)")
+  energy_weight: float = config_field(0.1, "Weight of the energy hinge loss.",
+                                      domain="[0, inf)")
+  energy_margin: float = config_field(1.0, "Hinge margin between E(neg) and E(pos).",
+                                      domain="[0, inf)")
+  batch_size: int = config_field(64, "Samples per step.", domain="[2, inf)")
+  num_steps: int = config_field(240, "Training steps.", domain="[1, inf)")
+  learning_rate: float = config_field(1e-3, "Peak AdamW learning rate.", domain="(0, inf)")
   warmup_fraction: float = config_field(0.05, "Warmup as a fraction of num_steps, then "
-                                        "cosine decay to 10% (so budgets share a shape).")
-  weight_decay: float = config_field(0.01, "AdamW decoupled weight decay.")
-  grad_clip: float = config_field(1.0, "Clip the global gradient norm (0: off).")
-  eval_every: int = config_field(40, "Evaluate every N steps (and at the end).")
-  eval_batches: int = config_field(8, "Fixed evaluation batches of batch_size samples.")
-  log_every: int = config_field(10, "Write train metrics every N steps.")
-  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+                                        "cosine decay to 10% (so budgets share a shape).",
+                                        domain="[0, 1)")
+  weight_decay: float = config_field(0.01, "AdamW decoupled weight decay.", domain="[0, inf)")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm (0: off).",
+                                  domain="[0, inf)")
+  eval_every: int = config_field(40, "Evaluate every N steps (and at the end).",
+                                 domain="[0, inf)")
+  eval_batches: int = config_field(8, "Fixed evaluation batches of batch_size samples.",
+                                   domain="[1, inf)")
+  log_every: int = config_field(10, "Write train metrics every N steps.", domain="[0, inf)")
+  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).",
+                                       domain="[0, inf)")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
+                                         domain="(0, inf)")
 
   def __post_init__(self):
+    check_fields(self)  # every field in its declared domain
     for name in ("batch_size", "num_steps", "eval_batches"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -182,7 +197,8 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                  macs)
 
     settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                            eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                            eval_every=config.eval_every,
+                            checkpoint_every=config.checkpoint_every,
                             histogram_every=0, progress_every_s=config.progress_every_s,
                             stop_at_step=options.stop_at_step,
                             # 3x the loss of a uniform guess of the value class

@@ -57,8 +57,10 @@ def _patterns(text: str) -> tuple[str, ...]:
 class MXFP8RLConfig(rl_config.RLConfig):
   """The RL run of :class:`StaleSamplerConfig` with a recipe on each side."""
 
-  refresh_interval: int = config_field(1, "Sync the sampler every K updates.")
-  learning_rate: float = config_field(3e-4, "Learner Adam learning rate (constant).")
+  refresh_interval: int = config_field(1, "Sync the sampler every K updates.",
+                                       domain="[1, inf)")
+  learning_rate: float = config_field(3e-4, "Learner Adam learning rate (constant).",
+                                      domain="(0, inf)")
   learner_recipe: str = config_field("mxfp8", "Learner training recipe.", choices=RECIPES)
   sampler_recipe: str = config_field("mxfp8", "Sampler serving recipe.", choices=RECIPES)
   keep_bf16: str = config_field("head/*", "Comma list of globs served in bf16.")
@@ -67,18 +69,21 @@ class MXFP8RLConfig(rl_config.RLConfig):
   sampler_keep_bf16: str = config_field(
       "", "The bf16 list as the sampler resolves it (empty: keep_bf16); a different "
       "list is the fused-name failure the layer-plan check catches.")
-  probe_problems: int = config_field(16, "Problems in the fixed parity probe batch.")
+  probe_problems: int = config_field(16, "Problems in the fixed parity probe batch.",
+                                     domain="[1, inf)")
   padding_atol: float = config_field(
       0.1, "Padding check: largest change of a real position's logit when the probe "
       "is padded to the MX block. Not 0: XLA:CPU compiles the longer sequence into "
       "GEMMs with another accumulation order, and bf16 and mxfp8 samplers moved "
       "logits by up to 0.0125 that way (measured in the mxfp8_rl sweep); a scale over "
-      "pad tokens moves them by far more.")
+      "pad tokens moves them by far more.", domain="[0, inf)")
   cross_k3_tolerance: float = config_field(
       0.5, "Parity check: largest probe k3 between different recipes (10x NeMo-RL's "
-      "MXFP8 gate of 0.05, which the bf16-learner / mxfp8-sampler pair crossed here).")
+      "MXFP8 gate of 0.05, which the bf16-learner / mxfp8-sampler pair crossed here).",
+                                           domain="(0, inf)")
   cross_max_dlogp_tolerance: float = config_field(
-      5.0, "Parity check: largest probe max |delta logp| between different recipes.")
+      5.0, "Parity check: largest probe max |delta logp| between different recipes.",
+                                                  domain="(0, inf)")
 
   def __post_init__(self):
     super().__post_init__()

@@ -38,7 +38,7 @@ from experiments.common import digits
 from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.config_flags import config_field
+from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import finish_run, loop_metrics, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
@@ -56,47 +56,62 @@ PHASE_KINDS = ("sgd", "sgd_sam", "muon_sam")
 class TemperonConfig:
   """Everything that defines a run's result (its flags; written to config.json)."""
 
-  seed: int = config_field(0, "Seed of parameter init and data order (the split is fixed).")
-  num_steps: int = config_field(600, "Total training steps (the budget).")
-  batch_size: int = config_field(64, "Batch size.")
-  train_examples: int = config_field(0, "Use only the first N training images (0: all).")
-  width: int = config_field(16, "ResNet width (channels of the first stage).")
-  num_stages: int = config_field(2, "ResNet stages (width doubles, stride 2, per stage).")
-  blocks_per_stage: int = config_field(1, "BasicBlocks per stage.")
+  seed: int = config_field(0, "Seed of parameter init and data order (the split is fixed).",
+                           domain="[0, inf)")
+  num_steps: int = config_field(600, "Total training steps (the budget).", domain="[1, inf)")
+  batch_size: int = config_field(64, "Batch size.", domain="[1, inf)")
+  train_examples: int = config_field(0, "Use only the first N training images (0: all).",
+                                     domain="[0, inf)")
+  width: int = config_field(16, "ResNet width (channels of the first stage).",
+                            domain="[1, inf)")
+  num_stages: int = config_field(2, "ResNet stages (width doubles, stride 2, per stage).",
+                                 domain="[1, inf)")
+  blocks_per_stage: int = config_field(1, "BasicBlocks per stage.", domain="[1, inf)")
   explorer: str = config_field("sgd", "Optimizer of the first phase (the whole run if "
                                "refiner=none).", choices=PHASE_KINDS)
   refiner: str = config_field("muon_sam", "Optimizer after the handoff (none: no handoff).",
                               choices=("none",) + PHASE_KINDS)
-  handoff_fraction: float = config_field(0.43, "Fraction of num_steps run by the explorer.")
+  handoff_fraction: float = config_field(0.43, "Fraction of num_steps run by the explorer.",
+                                         domain="(0, 1)")
   explorer_schedule: str = config_field("restarts", "Explorer LR schedule.",
                                         choices=("restarts", "cosine"))
-  n_cycles: int = config_field(4, "Warm-restart cycles of the explorer schedule.")
-  t_mult: float = config_field(2.0, "Cycle length ratio (1:2:4:8 with 4 cycles).")
-  warmup_steps: int = config_field(20, "Linear warm-up at the very start.")
-  rewarmup_steps: int = config_field(20, "Linear LR re-entry warm-up of the refiner.")
+  n_cycles: int = config_field(4, "Warm-restart cycles of the explorer schedule.",
+                               domain="[1, inf)")
+  t_mult: float = config_field(2.0, "Cycle length ratio (1:2:4:8 with 4 cycles).",
+                               domain="[1, inf)")
+  warmup_steps: int = config_field(20, "Linear warm-up at the very start.", domain="[0, inf)")
+  rewarmup_steps: int = config_field(20, "Linear LR re-entry warm-up of the refiner.",
+                                     domain="[0, inf)")
   transfer: str = config_field("momentum", "State transfer at the handoff.",
                                choices=("momentum", "none"))
-  sgd_lr: float = config_field(0.1, "SGD peak learning rate.")
-  sgd_weight_decay: float = config_field(5e-4, "SGD (coupled, torch-style) weight decay.")
-  sgd_rho: float = config_field(0.2, "SAM radius around SGD.")
-  muon_lr: float = config_field(0.01, "Muon peak learning rate.")
-  muon_weight_decay: float = config_field(0.2, "Muon decoupled weight decay (p *= 1-lr*wd).")
-  muon_rho: float = config_field(0.05, "SAM radius around Muon.")
+  sgd_lr: float = config_field(0.1, "SGD peak learning rate.", domain="(0, inf)")
+  sgd_weight_decay: float = config_field(5e-4, "SGD (coupled, torch-style) weight decay.",
+                                         domain="[0, inf)")
+  sgd_rho: float = config_field(0.2, "SAM radius around SGD.", domain="[0, inf)")
+  muon_lr: float = config_field(0.01, "Muon peak learning rate.", domain="(0, inf)")
+  muon_weight_decay: float = config_field(0.2, "Muon decoupled weight decay (p *= 1-lr*wd).",
+                                          domain="[0, inf)")
+  muon_rho: float = config_field(0.05, "SAM radius around Muon.", domain="[0, inf)")
   muon_params: str = config_field("all_matrices", "Which leaves get Muon (the rest "
                                   "momentum-SGD at Muon's lr): all ndim>=2 (Temperon) or "
                                   "hidden matrices only.", choices=("all_matrices", "hidden"))
   ns_dtype: str = config_field("bf16", "Newton-Schulz dtype.", choices=("bf16", "fp32"))
-  momentum: float = config_field(0.9, "Momentum of SGD and Muon (Nesterov).")
+  momentum: float = config_field(0.9, "Momentum of SGD and Muon (Nesterov).", domain="[0, 1)")
   rho_ramp_steps: int = config_field(40, "SAM rho ramps linearly from 0 over this many "
-                                     "steps from the start of its phase.")
-  grad_clip: float = config_field(2.0, "Clip the global gradient norm (0: off).")
+                                     "steps from the start of its phase.", domain="[0, inf)")
+  grad_clip: float = config_field(2.0, "Clip the global gradient norm (0: off).",
+                                  domain="[0, inf)")
   targets: str = config_field("0.95,0.97,0.98", "Comma-separated test accuracies to time.")
-  eval_every: int = config_field(20, "Evaluate on the test split every N steps.")
-  log_every: int = config_field(10, "Write train metrics every N steps.")
-  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+  eval_every: int = config_field(20, "Evaluate on the test split every N steps.",
+                                 domain="[1, inf)")
+  log_every: int = config_field(10, "Write train metrics every N steps.", domain="[0, inf)")
+  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).",
+                                       domain="[0, inf)")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
+                                         domain="(0, inf)")
 
   def __post_init__(self):
+    check_fields(self)  # every field in its declared domain
     for name in ("num_steps", "batch_size", "width", "num_stages", "blocks_per_stage",
                  "n_cycles", "eval_every"):
       if getattr(self, name) < 1:

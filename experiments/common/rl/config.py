@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from experiments.common import arithmetic_task as task
-from experiments.common.config_flags import config_field
+from experiments.common.config_flags import check_fields, config_field
 from models import sampling
 from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
 from numerics.rl import importance
@@ -37,48 +37,58 @@ class RLConfig:
   else of the config.
   """
 
-  seed: int = config_field(0, "RL seed: problems, sampling and per-update keys.")
-  digits: int = config_field(3, "Digits per addend.")
-  d_model: int = config_field(64, "Model width.")
-  num_layers: int = config_field(2, "Transformer blocks.")
-  num_heads: int = config_field(4, "Attention heads.")
-  d_ff: int = config_field(256, "Feed-forward hidden width.")
-  pretrain_seed: int = config_field(0, "Seed of the supervised warm start (shared by arms).")
-  pretrain_steps: int = config_field(1200, "Supervised steps before RL (3 digits: ~43% greedy accuracy).")
-  pretrain_batch: int = config_field(64, "Supervised batch size.")
-  pretrain_lr: float = config_field(3e-3, "Supervised AdamW learning rate.")
+  seed: int = config_field(0, "RL seed: problems, sampling and per-update keys.",
+                           domain="[0, inf)")
+  digits: int = config_field(3, "Digits per addend.", domain="[1, 9]")
+  d_model: int = config_field(64, "Model width.", domain="[1, inf)")
+  num_layers: int = config_field(2, "Transformer blocks.", domain="[1, inf)")
+  num_heads: int = config_field(4, "Attention heads.", domain="[1, inf)")
+  d_ff: int = config_field(256, "Feed-forward hidden width.", domain="[1, inf)")
+  pretrain_seed: int = config_field(0, "Seed of the supervised warm start (shared by arms).",
+                                    domain="[0, inf)")
+  pretrain_steps: int = config_field(
+      1200, "Supervised steps before RL (3 digits: ~43% greedy accuracy).",
+      domain="[0, inf)")
+  pretrain_batch: int = config_field(64, "Supervised batch size.", domain="[1, inf)")
+  pretrain_lr: float = config_field(3e-3, "Supervised AdamW learning rate.", domain="(0, inf)")
   pretrain_dir: str = config_field("runs/stale_sampler/pretrain",
                                    "Cache of warm-start weights (by config hash).")
-  num_updates: int = config_field(96, "GRPO learner updates.")
-  prompts_per_update: int = config_field(16, "Problems per update.")
-  group_size: int = config_field(8, "Samples per problem (the GRPO group).")
-  learning_rate: float = config_field(1e-4, "Learner Adam learning rate (constant).")
-  refresh_interval: int = config_field(8, "Sync the sampler every K learner updates.")
-  sampler_temperature: float = config_field(1.0, "Sampler temperature (cooling: < 1).")
-  sampler_top_k: int = config_field(0, "Sampler top-k (0: off).")
-  sampler_top_p: float = config_field(1.0, "Sampler nucleus top-p (1: off).")
+  num_updates: int = config_field(96, "GRPO learner updates.", domain="[1, inf)")
+  prompts_per_update: int = config_field(16, "Problems per update.", domain="[1, inf)")
+  group_size: int = config_field(8, "Samples per problem (the GRPO group).", domain="[2, inf)")
+  learning_rate: float = config_field(1e-4, "Learner Adam learning rate (constant).",
+                                      domain="(0, inf)")
+  refresh_interval: int = config_field(8, "Sync the sampler every K learner updates.",
+                                       domain="[1, inf)")
+  sampler_temperature: float = config_field(1.0, "Sampler temperature (cooling: < 1).",
+                                            domain="(0, inf)")
+  sampler_top_k: int = config_field(0, "Sampler top-k (0: off).", domain="[0, inf)")
+  sampler_top_p: float = config_field(1.0, "Sampler nucleus top-p (1: off).", domain="(0, 1]")
   sampler_dtype: str = config_field("float32", "Sampler weight precision.",
                                     choices=("float32", "bfloat16"))
   is_method: str = config_field("token_tis", "Importance correction.",
                                 choices=importance.METHODS)
-  is_cap: float = config_field(2.0, "TIS truncation C.")
-  is_lo: float = config_field(0.5, "Masked IS / IcePop lower bound.")
-  is_hi: float = config_field(2.0, "Masked IS / IcePop upper bound.")
+  is_cap: float = config_field(2.0, "TIS truncation C.", domain="(0, inf)")
+  is_lo: float = config_field(0.5, "Masked IS / IcePop lower bound.", domain="[0, inf)")
+  is_hi: float = config_field(2.0, "Masked IS / IcePop upper bound.", domain="(0, inf)")
   ratio_against: str = config_field(
       "learner", "PPO ratio denominator: 'learner' (its own current log-probs: r = 1 "
       "in value, the IS weight is the correction) or 'sampler' (the recorded "
       "behaviour log-probs, r = pi / mu clipped).", choices=RATIO_AGAINST)
-  clip_eps: float = config_field(0.2, "PPO clip epsilon.")
+  clip_eps: float = config_field(0.2, "PPO clip epsilon.", domain="(0, inf)")
   normalization: str = config_field("token", "Loss normaliser.",
                                     choices=policy_loss.NORMALIZATIONS)
-  log_every: int = config_field(1, "Write metrics every N updates.")
-  eval_every: int = config_field(8, "Greedy accuracy on held-out problems every N.")
-  eval_problems: int = config_field(256, "Held-out problems per evaluation.")
+  log_every: int = config_field(1, "Write metrics every N updates.", domain="[1, inf)")
+  eval_every: int = config_field(8, "Greedy accuracy on held-out problems every N.",
+                                 domain="[1, inf)")
+  eval_problems: int = config_field(256, "Held-out problems per evaluation.", domain="[1, inf)")
   checkpoint_every: int = config_field(0, "Checkpoint every N updates (0: only at the "
-                                       "end).")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.")
+                                       "end).", domain="[0, inf)")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
+                                         domain="(0, inf)")
 
   def __post_init__(self):
+    check_fields(self)  # every field in its declared domain
     for name in ("num_updates", "prompts_per_update", "refresh_interval", "eval_problems",
                  "pretrain_batch", "log_every", "eval_every"):
       if getattr(self, name) < 1:

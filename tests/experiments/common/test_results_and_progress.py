@@ -26,7 +26,11 @@ def test_append_and_read(tmp_path):
   results.append_result(path, {"a": 1, "loss": float("nan")})
   results.append_result(path, {"a": 2})
   rows = results.read_results(path)
-  assert [r["a"] for r in rows] == [1, 2] and rows[0]["loss"] == "nan"
+  # JSON has no NaN: non-finite numbers are written as null, at any depth (issue 16:
+  # a "nan" string crashed the report's number formatting).
+  assert [r["a"] for r in rows] == [1, 2] and rows[0]["loss"] is None
+  results.append_result(path, {"a": 3, "metrics": {"x": float("inf"), "y": [float("nan")]}})
+  assert results.read_results(path)[2]["metrics"] == {"x": None, "y": [None]}
   with pytest.raises(TypeError):
     results.append_result(path, [1])
 

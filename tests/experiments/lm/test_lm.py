@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from experiments.lm import experiment as lm
+from experiments.common import workdir as workdir_lib
 from experiments.common.config_flags import config_to_flags
 from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
@@ -71,7 +72,7 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path):
   full = _run(tmp_path / "full", config)
   stopped = _run(tmp_path / "split", config, stop_at_step=10)
   assert not stopped["completed"] and stopped["step"] == 10
-  assert not os.path.exists(tmp_path / "split" / "results.jsonl")
+  assert read_results(str(tmp_path / "split" / "results.jsonl")) == []  # no row yet
   assert read_hparams_session(str(tmp_path / "split"))["status"] is None  # not ended
   with pytest.raises(FileExistsError, match="--resume"):
     _run(tmp_path / "split", config)
@@ -87,12 +88,10 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path):
   eb = read_scalars(str(tmp_path / "split"))["eval/loss"]
   assert ea == eb
   assert read_hparams_session(str(tmp_path / "split"))["status"] == "STATUS_SUCCESS"
-  # Resuming a finished run (e.g. one that died before its results row) only re-evaluates.
-  again = _run(tmp_path / "split", config, resume=True)
-  assert again["completed"] and again["resumed_from_step"] == 20
-  assert {k: v for k, v in again["metrics"].items() if k.startswith("eval/")} == \
-      {k: v for k, v in resumed["metrics"].items() if k.startswith("eval/")}
-  assert len(read_results(str(tmp_path / "split" / "results.jsonl"))) == 2
+  # Resuming a finished run says so and writes nothing (issue 16).
+  with pytest.raises(workdir_lib.RunAlreadyCompleted, match="completed run"):
+    _run(tmp_path / "split", config, resume=True)
+  assert len(read_results(str(tmp_path / "split" / "results.jsonl"))) == 1
 
 
 def test_cli_help_documents_every_flag():

@@ -1,0 +1,304 @@
+"""Faults around a run, each reproduced (issue 16) and shown handled.
+
+Tiny LM runs (a few steps of a 1-layer, width-16 model) so the whole file costs seconds.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from experiments.common import results as results_lib
+from experiments.common import workdir as workdir_lib
+from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
+from experiments.common.config_flags import config_to_flags
+from experiments.common.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.repo_paths import REPO_DIR
+from experiments.common.results import read_results
+from experiments.common.run_options import RunOptions
+from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
+from experiments.lm import experiment as lm
+
+TINY = lm.LMConfig(num_steps=8, warmup_steps=1, seq_len=16, batch_size=4, d_model=16,
+                   num_layers=1, num_heads=2, d_ff=32, eval_every=4, eval_batches=1,
+                   log_every=1, checkpoint_every=4, histogram_every=0, max_chars=20_000,
+                   recipe="fp32")
+
+
+def _run(workdir, config=TINY, **options):
+  return lm.train_and_evaluate(config, RunOptions(workdir=str(workdir), **options))
+
+
+def _cli(workdir, *flags, config=TINY):
+  return [sys.executable, "-m", "experiments.lm", *config_to_flags(config),
+          f"--workdir={workdir}", *flags]
+
+
+# ----------------------------------------------------------------- results and rows
+
+
+def test_death_after_the_last_checkpoint_then_resume_writes_the_whole_runs_row(
+    tmp_path, monkeypatch):
+  """Before: the resumed run's row had only eval metrics and steps_per_s "nan"."""
+  full = _run(tmp_path / "full")
+  # The same run dies after its final checkpoint, before its results row.
+  def die(*args, **kwargs):
+    raise KeyboardInterrupt("killed before the results row")
+  monkeypatch.setattr(results_lib, "append_result", die)
+  with pytest.raises(KeyboardInterrupt):
+    _run(tmp_path / "died")
+  monkeypatch.undo()
+  assert read_results(str(tmp_path / "died" / "results.jsonl")) == []
+  resumed = _run(tmp_path / "died", resume=True)
+  rows = read_results(str(tmp_path / "died" / "results.jsonl"))
+  assert len(rows) == 1 and rows[0]["completed"]
+  assert rows[0]["metrics"] == full["metrics"]  # train and eval, the whole run's
+  assert isinstance(rows[0]["steps_per_s"], float) and rows[0]["steps_per_s"] > 0
+  assert resumed["resumed_from_step"] == 8
+
+
+def test_resume_of_a_completed_run_says_so_and_writes_nothing(tmp_path):
+  _run(tmp_path / "run")
+  files = sorted(os.listdir(tmp_path / "run"))
+  out = subprocess.run(_cli(tmp_path / "run", "--resume"), capture_output=True, text=True,
+                       timeout=300, cwd=REPO_DIR)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "holds a completed run" in out.stdout and "nothing was written" in out.stdout
+  assert sorted(os.listdir(tmp_path / "run")) == files  # no new event file either
+  assert len(read_results(str(tmp_path / "run" / "results.jsonl"))) == 1
+  # Rerunning the same command without --resume (a manifest line on a finished sweep
+  # carries --resume; a user's rerun may not) says the same.
+  with pytest.raises(workdir_lib.RunAlreadyCompleted):
+    _run(tmp_path / "run")
+
+
+def test_results_file_checked_before_training(tmp_path):
+  blocker = tmp_path / "not_a_dir"
+  blocker.write_text("a file where the results file's directory should be")
+  with pytest.raises(OSError, match="cannot write the results file"):
+    _run(tmp_path / "run", results_file=str(blocker / "results.jsonl"))
+  assert not os.path.exists(tmp_path / "run" / "checkpoints" / "4")  # nothing trained
+
+
+# --------------------------------------------------------------------- the workdir
+
+
+def test_second_process_on_a_workdir_is_refused_and_a_dead_holders_lock_is_free(tmp_path):
+  wd = tmp_path / "run"
+  wd.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from experiments.common import workdir; "
+       "held = workdir._lock(sys.argv[1]); print('locked', flush=True); time.sleep(60)",
+       str(wd)],
+      stdout=subprocess.PIPE, text=True, cwd=REPO_DIR)
+  assert holder.stdout.readline().strip() == "locked"
+  with pytest.raises(workdir_lib.WorkdirInUse, match=f"pid {holder.pid}"):
+    _run(wd)
+  holder.kill()  # SIGKILL: the kernel releases the lock, nothing is left stale
+  holder.wait()
+  assert _run(wd)["completed"]
+
+
+def test_damaged_checkpoints_are_detected_and_skipped_for_the_newest_intact_one(tmp_path):
+  """Before: a damaged data file was restored silently, or failed with a 30-frame
+  tensorstore traceback."""
+  ck = Checkpointer(str(tmp_path / "ck"), max_to_keep=4)
+  state = {"w": jnp.arange(64, dtype=jnp.float32)}
+  key = jax.random.PRNGKey(0)
+  for step in (1, 2, 3):
+    ck.save(Snapshot({"w": state["w"] + step}, key, step, step))
+  # Step 3: data files that decode fine but hold other values (what a silent bit flip
+  # in an uncompressed chunk does); only the recorded checksums can tell.
+  other = Checkpointer(str(tmp_path / "other"))
+  other.save(Snapshot({"w": state["w"] - 7}, key, 3, 3))
+  other.close()
+  shutil.rmtree(tmp_path / "ck" / "3" / "state")
+  shutil.copytree(tmp_path / "other" / "3" / "state", tmp_path / "ck" / "3" / "state")
+  with pytest.raises(CheckpointError, match="step 3 .* fails its checksums: 1 array"):
+    ck.restore(state, key, 3)
+  # Step 2: one bit flipped in each compressed data file (tensorstore cannot decode it).
+  data = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "ck" / "2" / "state")
+          for f in fs if os.path.basename(d) == "d"]
+  assert data
+  for path in data:
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 2] ^= 0x10
+    open(path, "wb").write(bytes(raw))
+  with pytest.raises(CheckpointError, match="step 2"):
+    ck.restore(state, key, 2)
+  snap = ck.restore_latest_intact(state, key)
+  assert snap.step == 1 and np.array_equal(snap.state["w"], state["w"] + 1)
+  # An incomplete newest step (its metadata never written) is skipped the same way.
+  ck.save(Snapshot({"w": state["w"] + 4}, key, 4, 4))
+  for d, _, fs in os.walk(tmp_path / "ck" / "4" / "meta"):
+    for f in fs:
+      os.remove(os.path.join(d, f))
+  assert ck.restore_latest_intact(state, key).step == 1
+  ck.close()
+
+
+def test_steps_logged_past_the_checkpoint_are_superseded_after_a_resume(tmp_path):
+  """Before: TensorBoard held the killed run's steps past its last checkpoint twice."""
+  full = _run(tmp_path / "full")
+  # A run killed after logging step 8 but before checkpointing it: drop checkpoint 8.
+  config = TINY
+  _run(tmp_path / "killed", config)
+  for name in ("COMPLETED.json", "results.jsonl"):
+    os.remove(tmp_path / "killed" / name)
+  ck = Checkpointer(str(tmp_path / "killed" / "checkpoints"))
+  ck.delete_after(4)
+  ck.close()
+  _run(tmp_path / "killed", config, resume=True)
+  acc = EventAccumulator(str(tmp_path / "killed"), size_guidance={"scalars": 0})
+  acc.Reload()  # TensorBoard's own reader: the restart marker purges the old 5..8
+  assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 9))
+  assert read_scalars(str(tmp_path / "killed"))["train/loss"] == \
+      read_scalars(str(tmp_path / "full"))["train/loss"]
+  assert full["completed"]
+
+
+# ------------------------------------------------------------ exits and validation
+
+
+def test_sigterm_checkpoints_and_exits_with_the_preempted_status(tmp_path):
+  """Before: a SIGTERM'd run exited 0, so a sweep counted it as a success."""
+  config = dataclasses.replace(TINY, num_steps=100_000, checkpoint_every=0, eval_every=0)
+  wd = tmp_path / "run"
+  proc = subprocess.Popen(_cli(wd, config=config), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=REPO_DIR)
+  seen = []
+  for line in proc.stdout:  # until the loop is running (its SIGTERM handler installed)
+    seen.append(line)
+    if "train step 1/" in line:
+      break
+  assert proc.poll() is None, "".join(seen)[-2000:]
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=240)
+  out = "".join(seen) + out
+  assert proc.returncode == PREEMPTED_EXIT_CODE, out[-2000:]
+  assert "stopped at step" in out and "continue with --resume" in out
+  assert read_results(str(wd / "results.jsonl")) == []
+  assert Checkpointer(str(wd / "checkpoints")).latest_step() > 0
+
+
+def test_the_sweep_runner_reports_a_preempted_run_and_counts_it_missing(tmp_path):
+  from launch.local_runner import run_local  # pylint: disable=import-outside-toplevel
+  from launch.manifest import RunSpec  # pylint: disable=import-outside-toplevel
+  spec = RunSpec(0, "r0", "a", 0, str(tmp_path / "r0"), str(tmp_path / "results.jsonl"),
+                 {}, (sys.executable, "-c", f"raise SystemExit({PREEMPTED_EXIT_CODE})"))
+  (outcome,) = run_local([spec], parallel=1)
+  assert outcome.status == "preempted"
+
+
+def test_out_of_domain_config_values_are_refused_before_running(tmp_path):
+  """Before: --learning_rate=-1 was accepted and recorded as a completed run."""
+  out = subprocess.run(_cli(tmp_path / "run", "--learning_rate=-1"), capture_output=True,
+                       text=True, timeout=300, cwd=REPO_DIR)
+  assert out.returncode == 2
+  assert "LMConfig.learning_rate must be in (0, inf), got -1.0" in out.stderr
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_every_numeric_config_field_declares_its_domain():
+  import typing  # pylint: disable=import-outside-toplevel
+  from experiments.alto.experiment import AltoConfig  # pylint: disable=import-outside-toplevel
+  from experiments.fair_cast.experiment import FairCastConfig  # pylint: disable=import-outside-toplevel
+  from experiments.memoir.experiment import MemoirExperimentConfig  # pylint: disable=import-outside-toplevel
+  from experiments.mxfp8_rl.experiment import MXFP8RLConfig  # pylint: disable=import-outside-toplevel
+  from experiments.stale_sampler.experiment import StaleSamplerConfig  # pylint: disable=import-outside-toplevel
+  from experiments.temperon.experiment import TemperonConfig  # pylint: disable=import-outside-toplevel
+  for cls in (lm.LMConfig, AltoConfig, TemperonConfig, MemoirExperimentConfig,
+              StaleSamplerConfig, FairCastConfig, MXFP8RLConfig, RunOptions):
+    hints = typing.get_type_hints(cls)
+    undeclared = [f.name for f in dataclasses.fields(cls)
+                  if hints[f.name] in (int, float) and "domain" not in f.metadata]
+    assert not undeclared, (cls.__name__, undeclared)
+
+
+def test_out_of_disk_space_prints_one_line_with_the_last_good_checkpoint(tmp_path):
+  """Before: 320 log lines with the cause buried under library tracebacks."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs",
+                                          str(disk)], capture_output=True).returncode:
+    pytest.skip("needs root and tmpfs to fill a disk")
+  try:
+    config = dataclasses.replace(TINY, num_steps=400, checkpoint_every=20, eval_every=0,
+                                 d_model=32, d_ff=64, log_every=50)
+    out = subprocess.run(_cli(disk / "run", config=config), capture_output=True, text=True,
+                         timeout=300, cwd=REPO_DIR)
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)
+  assert out.returncode == 74, out.stderr[-3000:]
+  errors = [l for l in out.stderr.splitlines() if not l.startswith(("I1", "W1"))]
+  assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert errors[0].startswith("error: no space left on device")
+  assert "last good checkpoint: step" in errors[0] and "--resume" in errors[0]
+
+
+# ------------------------------------------------------------------------ divergence
+
+
+def test_a_diverged_run_keeps_its_last_healthy_checkpoint_to_resume_from(tmp_path, caplog):
+  """Before: a finite but diverged state became the latest checkpoint and, with only
+  the newest two kept, resuming could only continue the divergence."""
+  def train_step(state, batch, key):
+    del batch, key
+    step = state["step"] + 1
+    loss = jnp.where(step <= 3, 1.0, 1e6)  # blows up after step 3
+    return {"step": step}, {"loss": loss}
+
+  ck = Checkpointer(str(tmp_path / "ck"), max_to_keep=2)
+  settings = LoopSettings(num_steps=8, log_every=1, eval_every=0, checkpoint_every=1,
+                          histogram_every=0, max_healthy_loss=100.0)
+  start = Snapshot({"step": jnp.zeros((), jnp.int32)}, jax.random.PRNGKey(0), 0, 0)
+  run_loop(start=start, train_step=train_step, batch_at=lambda p: None, settings=settings,
+           writer=MetricWriter(str(tmp_path / "tb")), checkpointer=ck)
+  assert ck.all_steps() == [3, 7, 8]  # the newest two, and the last healthy (3)
+  resumed = restore_or_initialize(ck, True, lambda: start)
+  assert resumed.step == 8 and not resumed.record["healthy"]
+  assert "--resume_step" in caplog.text  # the warning says how to go back
+  back = restore_or_initialize(ck, True, lambda: start, resume_step=3)
+  assert back.step == 3 and back.record["healthy"] and ck.all_steps() == [3]
+  ck.close()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def test_report_tolerates_damaged_and_duplicate_rows_and_never_averages_fewer_seeds(
+    tmp_path):
+  from experiments.common.sweep_spec import Arm, Sweep  # pylint: disable=import-outside-toplevel
+  from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
+  from launch.report import build_report  # pylint: disable=import-outside-toplevel
+  sweep = Sweep("toy", "experiments.lm", TINY, (Arm("a", {"recipe": "fp32"}),),
+                seeds=(0, 1), baseline="a", metrics=("eval/loss", "train/loss"),
+                curves=())
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  path = str(tmp_path / "results.jsonl")
+  results_lib.append_result(path, {"run_name": runs[0].run_name, "completed": True,
+                                   "metrics": {"eval/loss": 1.0, "train/loss": 2.0}})
+  # The old bug's row: only eval metrics, steps_per_s a string.
+  with open(path, "a") as f:
+    f.write(json.dumps({"run_name": runs[1].run_name, "completed": True,
+                        "metrics": {"eval/loss": 1.5}, "steps_per_s": "nan"}) + "\n")
+    f.write('{"run_name": "truncated by a full disk\n')
+  results_lib.append_result(path, {"run_name": runs[0].run_name, "completed": True,
+                                   "metrics": {"eval/loss": 1.1, "train/loss": 2.0}})
+  text = open(build_report(str(tmp_path))).read()
+  assert "results.jsonl:3: not a results row" in text
+  assert f"`{runs[0].run_name}` (2 rows)" in text  # the newest complete row is used
+  assert "| `a` (baseline) | 2 | 1.3000 ± 0.2828 | n/a (1 of 2 runs lack it) |" in text
+  assert f"missing in `{runs[1].run_name}`" in text
