@@ -106,6 +106,16 @@ def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
   return sweep, expand(sweep, sweep_dir, extra)
 
 
+def dirty_tree_refusal(name: str, git: dict, allow_dirty: bool) -> str | None:
+  """Why a sweep may not start from this tree (None: it may)."""
+  if git.get("dirty") and not allow_dirty:
+    return (f"refusing to run sweep {name}: tracked files differ from commit "
+            f"{git['commit'][:12]} (see `git status`), so the runs would not be "
+            "reproducible from it. Commit first, or pass --allow_dirty (the report will "
+            "say the tree was dirty).")
+  return None
+
+
 def stale_run_dirs(runs: Sequence[RunSpec], sweep_dir: str) -> list[str]:
   """Run directories under ``sweep_dir/runs`` that are not runs of this manifest."""
   root = os.path.join(sweep_dir, "runs")
@@ -184,12 +194,9 @@ def main(argv):
     for r in runs:
       print(r.shell_command())
     return 0
-  git = git_state()
-  if git["dirty"] and not FLAGS.allow_dirty:
-    print(f"refusing to run sweep {sweep.name}: tracked files differ from commit "
-          f"{git['commit'][:12]} (see `git status`), so the runs would not be "
-          "reproducible from it. Commit first, or pass --allow_dirty (the report will "
-          "say the tree was dirty).", file=sys.stderr)
+  refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
+  if refusal:
+    print(refusal, file=sys.stderr)
     return 2
   stale = stale_run_dirs(runs, sweep_dir)
   if stale:

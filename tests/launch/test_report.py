@@ -46,3 +46,19 @@ def test_report_from_synthetic_sweep(tmp_path):
   text = open(build_report(str(tmp_path))).read()
   assert text.rstrip().endswith("## Findings\n\nlow is worse.")
   assert text.count("## Findings") == 1
+
+
+def test_calibration_runs_are_listed_but_kept_out_of_the_statistics(tmp_path):
+  sweep = Sweep("toy", "experiments.lm", LMConfig(), (Arm("base", {"recipe": "fp32"}),),
+                seeds=(0, 1), baseline="base", metrics=("eval/loss",), curves=(),
+                calibration_seeds=(9,))
+  runs = expand(sweep, str(tmp_path), calibration_runs=(9,))
+  write_manifest(sweep, runs, str(tmp_path))
+  for r in runs:  # the calibration run's value would move the mean from 1.5 to 34
+    append_result(r.results_file, {"run_name": r.run_name,
+                                   "metrics": {"eval/loss": 100.0 if r.calibration
+                                               else 1.0 + r.seed}})
+  text = open(build_report(str(tmp_path))).read()
+  assert "| `base` (baseline) | 2 | 1.5000 ± 0.7071 |" in text
+  assert "calibration seeds (never evaluated): [9]" in text
+  assert "Runs on calibration seeds" in text and "| 9 (calibration) |" in text

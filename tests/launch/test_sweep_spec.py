@@ -100,3 +100,31 @@ def test_slurm_array_script(tmp_path):
   assert subprocess.run(["bash", "-n", path]).returncode == 0
   multi = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(nodes=2))
   assert 'srun bash -c "${CMD}"' in open(multi).read()
+
+
+def test_list_prints_every_sweep_with_runs_and_measured_duration():
+  from launch.sweep import list_sweeps  # pylint: disable=import-outside-toplevel
+  text = list_sweeps()
+  assert set(l.split(":")[0] for l in text.splitlines()) == set(registry.names())
+  assert "lm_recipes: 2 arms x 2 seeds = 4 runs" in text
+  line = next(l for l in text.splitlines() if l.startswith("lm_recipes"))
+  assert "min wall for 4 runs" in line  # measured when the committed report ran
+
+
+def test_dirty_tree_refused_unless_allowed():
+  from launch.sweep import dirty_tree_refusal  # pylint: disable=import-outside-toplevel
+  dirty = {"commit": "a" * 40, "dirty": True}
+  assert "refusing to run sweep s" in dirty_tree_refusal("s", dirty, False)
+  assert dirty_tree_refusal("s", dirty, True) is None
+  assert dirty_tree_refusal("s", {"commit": "a" * 40, "dirty": False}, False) is None
+
+
+def test_calibration_seeds_are_never_evaluation_seeds(tmp_path):
+  sweep = registry.get("lm_builtin_recipes")
+  with pytest.raises(ValueError, match="calibration"):
+    dataclasses.replace(sweep, calibration_seeds=(1,))
+  cal = dataclasses.replace(sweep, calibration_seeds=(7,))
+  with pytest.raises(ValueError, match="allow_calibration_seeds"):
+    prepare(cal, str(tmp_path), [], seeds=[7])
+  _, runs = prepare(cal, str(tmp_path), [], seeds=[0, 7], allow_calibration_seeds=True)
+  assert [(r.seed, r.calibration) for r in runs] == [(0, False), (7, True)] * 2
