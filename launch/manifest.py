@@ -100,6 +100,7 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str
           "seed_field": sweep.seed_field, "description": sweep.description,
           "appendix": sweep.appendix, "calibration_seeds": list(sweep.calibration_seeds),
           "report_dir": sweep.report_dir, "sweep_dir": repo_relative(sweep_dir),
+          "claims": [dataclasses.asdict(c) for c in sweep.claims],
           "base": dataclasses.asdict(sweep.base), "git": git_state(), "num_runs": len(runs)}
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
     json.dump(info, f, indent=2, sort_keys=True)

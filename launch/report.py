@@ -22,7 +22,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.common.curve_plots import plot_curves
-from experiments.common.stats import paired_difference, summarize
+from experiments.common.stats import paired_difference, paired_equivalence, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
 from experiments.common.tensorboard_reader import read_scalars
@@ -63,6 +63,56 @@ def provenance(info: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[st
     lines.append(f"- **{len(names)} run(s) ran from commit `{c}`"
                  + (" (dirty)" if dirty else "") + "**: " + ", ".join(f"`{n}`" for n in names))
   return lines
+
+
+def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],
+                  higher_is_better: bool) -> tuple[str, str]:
+  """(statistics cell, verdict) of one declared claim (see
+  :class:`experiments.common.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value."""
+  d = paired_difference(arm, baseline)
+  stats_cell = (f"{_fmt(d.mean)} [{_fmt(d.ci_low)}, {_fmt(d.ci_high)}], n = {d.n}, "
+                f"wins {d.wins}/{d.n}")
+  if d.n < 2:
+    return stats_cell, f"not decided ({d.n} paired seeds)"
+  if claim["kind"] == "equivalent":
+    e = paired_equivalence(arm, baseline, claim["margin"])
+    stats_cell += (f"; TOST margin ±{claim['margin']:g}: 90% CI [{_fmt(e.ci_low)}, "
+                   f"{_fmt(e.ci_high)}], p = {_fmt(e.p, 4)}")
+    if e.equivalent(0.05):
+      return stats_cell, "held (equivalent within the margin)"
+    if d.excludes_zero:
+      return stats_cell, "differs"
+    return stats_cell, "not decided (no power to show equivalence)"
+  better_sign = 1.0 if higher_is_better else -1.0
+  claimed_sign = better_sign if claim["kind"] == "better" else -better_sign
+  if not d.excludes_zero:
+    return stats_cell, "not decided (the interval holds 0)"
+  return stats_cell, "held" if (d.mean > 0) == (claimed_sign > 0) else "opposite"
+
+
+def claims_table(info: dict[str, Any], values_of) -> list[str]:
+  """Markdown lines: the sweep's declared claims with their statistics and verdicts.
+
+  ``values_of(arm, metric) -> {seed: value}`` over the evaluation runs."""
+  claims = info.get("claims", [])
+  if not claims:
+    return []
+  higher = set(info.get("higher_is_better", []))
+  lines = ["## Claims", "",
+           "Declared in the sweep before the runs. Paired by seed: `arm − baseline`, mean "
+           "and 95% t-interval; *better*/*worse* claims are held when the interval "
+           "excludes 0 on the claimed side, *equivalent* claims by a paired TOST at "
+           "level 0.05 with the stated margin. With few seeds, *not decided* means the "
+           "sweep lacked the power, not that the claim failed.", "",
+           "| claim | comparison | paired difference | verdict |", "|---|---|---|---|"]
+  for c in claims:
+    cell, verdict = claim_verdict(c, values_of(c["arm"], c["metric"]),
+                                  values_of(c["baseline"], c["metric"]),
+                                  c["metric"] in higher)
+    source = f" ({c['source']})" if c.get("source") else ""
+    lines.append(f"| {c['text']}{source} | `{c['arm']}` {c['kind']} than/as "
+                 f"`{c['baseline']}` on `{c['metric']}` | {cell} | **{verdict}** |")
+  return lines + [""]
 
 
 def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
@@ -131,8 +181,21 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     lines.append(f"- arm `{a['name']}` overrides: `{a['overrides']}`")
   lines.append("")
 
+  def values_of(arm: str, metric: str) -> dict[int, float]:
+    out = {}
+    for name, row in rows.items():
+      m = by_name[name]
+      if name in calibration or m["arm"] != arm:
+        continue
+      v = _number((row.get("metrics") or {}).get(metric))
+      if v is not None:
+        out[m["seed"]] = v
+    return out
+
+  lines += claims_table(info, values_of)
+
   lines += ["## Ablation table", "",
-            f"Mean ± sample std over seeds (n = completed runs; a cell is given only when "
+            "Mean ± sample std over seeds (n = completed runs; a cell is given only when "
             "every one of them has the metric). "
             + ", ".join(f"`{m}` {'higher' if m in higher else 'lower'} is better"
                         for m in metrics) + ".", ""]

@@ -22,6 +22,44 @@ class Arm:
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+CLAIM_KINDS = ("better", "worse", "equivalent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """A claim the sweep exists to decide, declared before the runs.
+
+  ``arm`` vs ``baseline`` on ``metric``, paired by seed (``arm - baseline`` per seed):
+
+  * ``better`` / ``worse``: the paper says ``arm`` is better / worse on ``metric`` (in
+    the metric's own direction: lower is better unless the sweep lists it in
+    ``higher_is_better``). Decided by the paired 95% t-interval: *held* when it
+    excludes 0 on the claimed side, *opposite* when on the other side, else *not
+    decided*.
+  * ``equivalent``: the paper says they match. Decided by a paired TOST at level 0.05
+    with ``margin`` (stated here, before the runs): *held* when equivalence is shown,
+    *differs* when the 95% interval excludes 0, else *not decided* (no power).
+
+  ``text`` is the claim in the paper's words, ``source`` where it comes from.
+  """
+
+  text: str
+  kind: str
+  arm: str
+  baseline: str
+  metric: str
+  margin: float = 0.0
+  source: str = ""
+
+  def __post_init__(self):
+    if self.kind not in CLAIM_KINDS:
+      raise ValueError(f"claim kind must be one of {CLAIM_KINDS}, got {self.kind!r}")
+    if self.kind == "equivalent" and not self.margin > 0:
+      raise ValueError(f"an equivalence claim needs a margin > 0, got {self.margin}")
+    if self.kind != "equivalent" and self.margin:
+      raise ValueError(f"margin is only for equivalence claims (kind {self.kind!r})")
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """An ablation: ``arms x seeds`` runs of ``module`` from ``base``.
@@ -44,6 +82,8 @@ class Sweep:
       to the report (sweep-specific tables computed from the runs' data).
     report_dir: where the committed evidence of this sweep lives, relative to the
       repository root (``experiments/<paper>/report``); empty if none is committed.
+    claims: the paper's claims this sweep decides (:class:`Claim`), tabulated by the
+      report with their paired statistics and verdicts.
   """
 
   name: str
@@ -60,6 +100,7 @@ class Sweep:
   appendix: str = ""
   calibration_seeds: tuple[int, ...] = ()
   report_dir: str = ""
+  claims: tuple[Claim, ...] = ()
 
   def __post_init__(self):
     names = [a.name for a in self.arms]
@@ -80,5 +121,9 @@ class Sweep:
     if self.report_dir.startswith("/"):
       raise ValueError(f"report_dir must be relative to the repository root, got "
                        f"{self.report_dir!r}")
+    for claim in self.claims:
+      for arm in (claim.arm, claim.baseline):
+        if arm not in names:
+          raise ValueError(f"claim {claim.text!r} names arm {arm!r}, not one of {names}")
     for arm in self.arms:  # fail at declaration, not halfway through a launch
       replace_checked(self.base, {**arm.overrides, self.seed_field: self.seeds[0]})

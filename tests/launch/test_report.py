@@ -62,3 +62,20 @@ def test_calibration_runs_are_listed_but_kept_out_of_the_statistics(tmp_path):
   assert "| `base` (baseline) | 2 | 1.5000 ± 0.7071 |" in text
   assert "calibration seeds (never evaluated): [9]" in text
   assert "Runs on calibration seeds" in text and "| 9 (calibration) |" in text
+
+
+def test_claims_table_verdicts_by_hand():
+  from launch.report import claim_verdict  # pylint: disable=import-outside-toplevel
+  base = {s: 1.0 for s in range(4)}
+  lower = {s: 0.9 + 0.01 * s for s in range(4)}  # lower loss on every seed
+  better = {"kind": "better"}
+  assert claim_verdict(better, lower, base, higher_is_better=False)[1] == "held"
+  assert claim_verdict(better, lower, base, higher_is_better=True)[1] == "opposite"
+  noisy = {0: 1.2, 1: 0.8, 2: 1.1, 3: 0.9}
+  assert claim_verdict(better, noisy, base, False)[1].startswith("not decided")
+  same = {s: 1.0 + 0.001 * (-1) ** s for s in range(4)}
+  eq = {"kind": "equivalent", "margin": 0.05}
+  assert claim_verdict(eq, same, base, False)[1].startswith("held")
+  assert claim_verdict(eq, noisy, base, False)[1].startswith("not decided")
+  assert claim_verdict(eq, lower, base, False)[1] == "differs"
+  assert claim_verdict(better, {0: 1.0}, {0: 2.0}, False)[1] == "not decided (1 paired seeds)"

@@ -128,3 +128,14 @@ def test_calibration_seeds_are_never_evaluation_seeds(tmp_path):
     prepare(cal, str(tmp_path), [], seeds=[7])
   _, runs = prepare(cal, str(tmp_path), [], seeds=[0, 7], allow_calibration_seeds=True)
   assert [(r.seed, r.calibration) for r in runs] == [(0, False), (7, True)] * 2
+
+
+def test_claims_are_validated_at_declaration():
+  from experiments.common.sweep_spec import Claim  # pylint: disable=import-outside-toplevel
+  sweep = registry.get("lm_builtin_recipes")
+  with pytest.raises(ValueError, match="margin"):
+    Claim("x", "equivalent", "bf16", "fp32", "eval/loss")
+  with pytest.raises(ValueError, match="kind"):
+    Claim("x", "faster", "bf16", "fp32", "eval/loss")
+  with pytest.raises(ValueError, match="names arm"):
+    dataclasses.replace(sweep, claims=(Claim("x", "better", "nope", "fp32", "eval/loss"),))
