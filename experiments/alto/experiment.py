@@ -31,6 +31,7 @@ from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
 from models.transformer import TransformerConfig
 from numerics import qdot
+from numerics import tree_paths
 from numerics import recipes as recipes_lib
 from numerics.optim.deoscillation import DeoscillationState, deoscillate
 
@@ -148,7 +149,7 @@ def quantized_weight_mask(params: Any) -> Any:
   expert weights; False on embeddings, norms, the router and the LM head."""
 
   def quantized(path, _):
-    names = [str(getattr(k, "key", k)) for k in path]
+    names = [tree_paths.key_name(k) for k in path]
     in_block = names[0].startswith("block_")
     return in_block and "router" not in names and names[-1] in ("kernel", "w_in", "w_out")
 

@@ -16,10 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.transformer import DotGeneral
-
-
-def _path_name(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+from numerics import tree_paths
 
 
 def make_inspector(dot_general: DotGeneral, *, max_kernel_dim: int = 4096,
@@ -39,22 +36,22 @@ def make_inspector(dot_general: DotGeneral, *, max_kernel_dim: int = 4096,
   def errors(params):
     out = {}
     for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
-      name = _path_name(path)
+      name = tree_paths.path_name(path)
       if (w.ndim != 2 or w.shape[0] > max_kernel_dim or not name.endswith("kernel")
           or name.startswith(skip_prefixes) or set(name.split("/")) & set(skip_names)):
         continue
       eye = jnp.eye(w.shape[0], dtype=jnp.float32)
       q = dot_general(eye, w, (((1,), (0,)), ((), ())), jax.random.PRNGKey(0))
-      out[_path_name(path)] = q - w
+      out[tree_paths.path_name(path)] = q - w
     return out
 
   def inspect(params):
     errs = jax.device_get(errors(params))
     host = jax.device_get(params)
-    histograms = {f"params/{_path_name(p)}": np.asarray(v)
+    histograms = {f"params/{tree_paths.path_name(p)}": np.asarray(v)
                   for p, v in jax.tree_util.tree_flatten_with_path(host)[0]}
     scalars = {}
-    flat = {_path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(host)[0]}
+    flat = {tree_paths.path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(host)[0]}
     for name, err in errs.items():
       histograms[f"numerics/weight_quant_error/{name}"] = np.asarray(err)
       norm = float(np.linalg.norm(flat[name]))

@@ -38,6 +38,7 @@ from experiments.common.train_loop import (LoopSettings, init_train_state, make_
                                            restore_or_initialize, run_loop)
 from experiments.common.weight_inspection import make_inspector
 from models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from numerics import tree_paths
 
 EXPERIMENT = "lm"
 
@@ -133,7 +134,7 @@ def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.A
   """``{name: mean over layers}`` of what the model sowed into ``collection``."""
   grouped: dict[str, list[jax.Array]] = {}
   for path, value in jax.tree_util.tree_flatten_with_path(variables.get(collection, {}))[0]:
-    name = next(str(k.key) for k in reversed(path) if hasattr(k, "key"))
+    name = tree_paths.key_name(path[-2])  # sown values are tuples: (..., name, 0)
     grouped.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
   return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
 
