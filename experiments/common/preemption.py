@@ -8,6 +8,10 @@ import threading
 import jax
 from absl import logging
 
+# A run stopped by SIGTERM checkpoints and exits with this status (EX_TEMPFAIL): launchers
+# read it as "preempted, requeue" (launch/slurm.py).
+PREEMPTED_EXIT_CODE = 75
+
 
 class PreemptionWatcher:
   """Context manager; ``requested(step)`` is True once the job should checkpoint and stop.
