@@ -6,8 +6,8 @@ no results row yet (``sbatch --parsable --array=<their indices>``), and polls
 changes. A preempted task normally requeues itself (the script does, on exit status
 :data:`PREEMPTED_EXIT_CODE`); a run that still ends without a results row although it may
 continue -- status 75 where requeueing was refused, a run that checkpointed and exited 0,
-``TIMEOUT``, ``PREEMPTED``, ``NODE_FAIL`` -- is resubmitted (up to ``max_resubmits`` times),
-and resumes from its checkpoint. A run that failed otherwise (another exit status,
+``TIMEOUT``, ``PREEMPTED``, ``NODE_FAIL`` -- is submitted again as soon as it is seen (up
+to ``max_resubmits`` times), and resumes from its checkpoint. A run that failed otherwise (another exit status,
 ``OUT_OF_MEMORY``, ``CANCELLED`` by a user) is reported, not retried.
 
 There is no accounting database to ask (``sacct``), so finished tasks are read from
@@ -168,73 +168,80 @@ def run_slurm(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
   """Submits every run without a results row as one array job and waits for all of them.
 
   Prints each task's state changes and, at the end, the scheduler's last record of
-  every task; writes those records to ``<sweep_dir>/slurm/tasks.jsonl``. Runs that end
-  resumably without a result are resubmitted (a new array job of just those) up to
-  ``max_resubmits`` times. Interrupting this (Ctrl-C) leaves the jobs running.
+  every task; appends those records to ``<sweep_dir>/slurm/tasks.jsonl``. A run whose
+  task ends resumably without a result is submitted again at once (a new array job of
+  the runs found in that poll), at most ``max_resubmits`` times per run. Interrupting
+  this (Ctrl-C) leaves the jobs running.
   """
   if poll_s <= 0 or max_resubmits < 0:
     raise ValueError(f"need poll_s > 0 and max_resubmits >= 0, got {poll_s}, {max_resubmits}")
   script = write_array_script(runs, sweep_dir, job_name, options)
   by_index = {r.index: r for r in runs}
   done = _completed(runs)
-  todo = sorted(r.index for r in runs if r.run_name not in done)
+  if done & {r.run_name for r in runs}:
+    _say(f"{len(done & {r.run_name for r in runs})} runs already have results; skipped")
   submissions: dict[int, list[str]] = {i: [] for i in by_index}
   last: dict[int, TaskRecord | None] = {}
-  attempts = 0
-  if done:
-    _say(f"{len(done & {r.run_name for r in runs})} runs already have results; skipped")
-  while todo:
-    job = submit(script, todo, max_concurrent=options.max_concurrent, env=env)
-    _say(f"submitted array job {job} (tasks {array_spec(todo)}) from {script}")
-    for i in todo:
+  active: dict[str, set[int]] = {}  # array job -> its tasks not yet ended
+  seen: dict[tuple[str, int], tuple[str, int]] = {}
+  unlisted: dict[tuple[str, int], int] = {}
+
+  def submit_runs(indices: list[int]) -> None:
+    job = submit(script, indices, max_concurrent=options.max_concurrent, env=env)
+    _say(f"submitted array job {job} (tasks {array_spec(indices)}) from {script}")
+    active[job] = set(indices)
+    for i in indices:
       submissions[i].append(job)
-    seen: dict[int, tuple[str, int]] = {}
-    pending = set(todo)
-    unlisted = {i: 0 for i in todo}
-    try:
-      while pending:
+
+  todo = sorted(r.index for r in runs if r.run_name not in done)
+  if todo:
+    submit_runs(todo)
+  try:
+    while active:
+      ended: list[int] = []
+      for job, pending in list(active.items()):
         records = query_tasks(job, env)
-        if records is None:  # purged: nothing more to learn about the rest
-          for i in pending:
-            last[i] = None
-          break
-        listed = {rec.task_id for rec in records}
-        for i in list(pending):  # a finished task whose record was purged on its own
-          unlisted[i] = 0 if i in listed else unlisted[i] + 1
-          if unlisted[i] >= 3:
+        listed = {r.task_id for r in records or ()}
+        for i in list(pending):  # purged from the controller (whole job, or this task)
+          unlisted[job, i] = 0 if i in listed else unlisted.get((job, i), 0) + 1
+          if records is None or unlisted[job, i] >= 3:
             last[i] = None
             pending.discard(i)
-        for rec in records:
+            ended.append(i)
+        for rec in records or ():
           if rec.task_id not in pending:
             continue
-          if seen.get(rec.task_id) != (rec.state, rec.restarts):
-            seen[rec.task_id] = (rec.state, rec.restarts)
+          if seen.get((job, rec.task_id)) != (rec.state, rec.restarts):
+            seen[job, rec.task_id] = (rec.state, rec.restarts)
             _say(format_record(rec, by_index[rec.task_id].run_name))
           last[rec.task_id] = rec
           if rec.state in TERMINAL_STATES:
             pending.discard(rec.task_id)
+            ended.append(rec.task_id)
           elif rec.state in HELD_STATES:
             raise RuntimeError(f"array task {rec.task} is held ({rec.state}, {rec.reason}); "
                                f"release it (scontrol release {rec.task}) and rerun")
-        if pending:
-          time.sleep(poll_s)
-    except KeyboardInterrupt:
-      _say(f"interrupted; array job {job} keeps running (cancel with: scancel {job})")
-      raise
-    done = _completed(runs)
-    retry = [i for i in todo if by_index[i].run_name not in done and resumable(last.get(i))]
-    if retry and attempts < max_resubmits:
-      attempts += 1
-      _say(f"resubmitting {len(retry)} run(s) that stopped without a result "
-           f"(attempt {attempts} of {max_resubmits}): {array_spec(retry)}")
-      todo = retry
-    else:
-      todo = []
+        if not pending:
+          del active[job]
+      if ended:
+        done = _completed(runs)
+        retry = sorted(i for i in ended if by_index[i].run_name not in done
+                       and resumable(last.get(i)) and len(submissions[i]) <= max_resubmits)
+        if retry:
+          _say(f"submitting again {len(retry)} run(s) that stopped without a result: "
+               f"{', '.join(by_index[i].run_name for i in retry)}")
+          submit_runs(retry)
+      if active:
+        time.sleep(poll_s)
+  except KeyboardInterrupt:
+    _say(f"interrupted; array job(s) {' '.join(active)} keep running "
+         f"(cancel with: scancel {' '.join(active)})")
+    raise
   done = _completed(runs)
   outcomes = []
-  log_dir = os.path.join(os.path.abspath(sweep_dir), "slurm")
-  with open(os.path.join(log_dir, "tasks.jsonl"), "a") as f:
-    _say("the scheduler's last record of each task:")
+  with open(os.path.join(os.path.abspath(sweep_dir), "slurm", "tasks.jsonl"), "a") as f:
+    if any(submissions.values()):
+      _say("the scheduler's last record of each task:")
     for i in sorted(by_index):
       spec, rec = by_index[i], last.get(i)
       jobs = tuple(submissions[i])

@@ -1,11 +1,10 @@
 """A real sweep on a real SLURM cluster: ``launch.sweep --target=slurm`` end to end, and a
 preempted task that resumes bit for bit.
 
-Two sweeps of the same two tiny LM runs (2 arms, seed 0) go to the cluster together: one
-never interrupted, one whose tasks get SIGTERM once they have checkpointed -- task 0 as
-``scancel --signal=TERM`` (the run itself), task 1 as ``scancel --batch --signal=TERM``
-(the job script, as at the time-limit warning). Every logged scalar of a preempted run
-must equal the uninterrupted run's.
+The sweep is two tiny LM runs (2 arms, seed 0). Task 0 gets ``scancel --signal=TERM``
+once it has checkpointed; every scalar it logs must equal those of the same command run
+uninterrupted outside SLURM. (The job script's own SIGTERM path, as at the time-limit
+warning, is tested with stand-in runs in test_slurm_runner.py.)
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from tests.launch.slurm_tools import checkpoint_steps, read_text, scancel_briefl
 pytestmark = pytest.mark.slurm
 
 SWEEP = "lm_builtin_recipes"
-# 100 steps with a checkpoint every 5: the preempted runs get SIGTERM after their first
+# 100 steps with a checkpoint every 5: the preempted run gets SIGTERM after its first
 # checkpoint, with most of the run still ahead.
 OVERRIDES = ["--override=num_steps=100", "--override=eval_every=25",
              "--override=checkpoint_every=5", "--override=histogram_every=50",
@@ -59,83 +58,68 @@ def _logged(workdir):
           if not tag.startswith("perf/")}
 
 
-def _preempt(sweep_dir, env):
-  """Waits for each run's first checkpoint, then sends its task SIGTERM (see the module
-  docstring); returns the tasks signalled."""
-  runs = wait_until(lambda: os.path.exists(os.path.join(sweep_dir, "manifest.jsonl"))
-                    and _manifest(sweep_dir), "the preempted sweep's manifest")
-  signalled = []
-  for run, how in zip(runs, (["--signal=TERM"], ["--batch", "--signal=TERM"])):
-    workdir = os.path.join(REPO_DIR, run["workdir"])
-    wait_until(lambda: checkpoint_steps(workdir), f"a checkpoint of {run['run_name']}")
-    task = re.findall(r"array task (\d+_\d+)", read_text(os.path.join(workdir, "launch.log")))
-    scancel_briefly(env, *how, task[-1])
-    signalled.append(task[-1])
-  return signalled
+def _reference(run, workdir):
+  """The run's manifest command with its own workdir and results file, not under SLURM."""
+  command = [sys.executable if c == "python" else c for c in run["command"]]
+  command = [c for c in command if not c.startswith(("--workdir=", "--results_file="))]
+  return subprocess.Popen([*command, f"--workdir={workdir}",
+                           f"--results_file={workdir}/results.jsonl"], cwd=REPO_DIR,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def test_sweep_on_slurm_preempted_tasks_resume_bit_for_bit(tmp_path, slurm_env):
-  whole_dir, preempted_dir = str(tmp_path / "whole"), str(tmp_path / "preempted")
-  preempted = _start_sweep(preempted_dir, slurm_env, ["--seeds=0", "--noreport"])
-  whole = None
+def test_sweep_on_slurm_preempted_task_resumes_bit_for_bit(tmp_path, slurm_env):
+  sweep_dir, reference_dir = str(tmp_path / "sw"), str(tmp_path / "reference")
+  sweep = _start_sweep(sweep_dir, slurm_env, ["--seeds=0"])
+  reference = None
   try:
-    wait_until(lambda: os.path.exists(os.path.join(preempted_dir, "slurm_array.sbatch")),
-               "the preempted sweep's submission")
-    whole = _start_sweep(whole_dir, slurm_env, ["--seeds=0"])  # queued behind the other
-    signalled = _preempt(preempted_dir, slurm_env)
-    out_p, _ = preempted.communicate(timeout=480)
-    out_w, _ = whole.communicate(timeout=480)
+    runs = wait_until(lambda: os.path.exists(os.path.join(sweep_dir, "slurm_array.sbatch"))
+                      and _manifest(sweep_dir), "the sweep's submission")
+    reference = _reference(runs[0], reference_dir)
+    workdir = os.path.join(REPO_DIR, runs[0]["workdir"])
+    wait_until(lambda: checkpoint_steps(workdir), f"a checkpoint of {runs[0]['run_name']}")
+    task = re.findall(r"array task (\d+_\d+)", read_text(os.path.join(workdir, "launch.log")))
+    scancel_briefly(slurm_env, "--signal=TERM", task[-1])
+    out, _ = sweep.communicate(timeout=480)
+    assert reference.wait(timeout=300) == 0
   finally:
-    for proc in (preempted, whole):
+    for proc in (sweep, reference):
       if proc is not None and proc.poll() is None:
         proc.kill()
-        subprocess.run(["scancel", f"--name={SWEEP}"], env=slurm_env, check=False)
-  assert preempted.returncode == 0, out_p[-4000:]
-  assert whole.returncode == 0, out_w[-4000:]
+    subprocess.run(["scancel", f"--name={SWEEP}"], env=slurm_env, check=False)
+  assert sweep.returncode == 0, out[-4000:]
 
-  # The uninterrupted sweep: every task COMPLETED once, as the scheduler recorded it.
-  runs = _manifest(whole_dir)
-  tasks = _tasks(whole_dir)
+  # Every task COMPLETED, as the scheduler recorded it (and the launcher printed it).
+  tasks = _tasks(sweep_dir)
   assert sorted(tasks) == sorted(r["run_name"] for r in runs)
   for r in runs:
     record = tasks[r["run_name"]]["record"]
     assert record["state"] == "COMPLETED" and record["exit_code"] == "0:0", record
-    assert record["restarts"] == 0 and len(tasks[r["run_name"]]["submissions"]) == 1
-    assert f"{record['array_job_id']}_{record['task_id']} {r['run_name']}" in \
-        " ".join(out_w.split())  # the launcher printed the record
+    assert f"{record['array_job_id']}_{record['task_id']} {r['run_name']} COMPLETED" in \
+        " ".join(out.split())
+  # Task 1 ran once; task 0 went back to the queue (requeued by its script on status 75,
+  # or resubmitted by the launcher where the run exits 0 after checkpointing).
+  first, second = tasks[runs[0]["run_name"]], tasks[runs[1]["run_name"]]
+  assert second["record"]["restarts"] == 0 and len(second["submissions"]) == 1
+  assert first["record"]["restarts"] >= 1 or len(first["submissions"]) >= 2, first
+  log = read_text(os.path.join(workdir, "launch.log"))
+  stopped = re.findall(r"stopping at step (\d+) of 100 \(preemption\)", log)
+  assert stopped, f"task {task[-1]} was not preempted mid-run:\n{log[-3000:]}"
+  assert f"resumed from step {stopped[0]}" in log and "completed at step 100" in log
+
   # Results, events and report where the local runner puts them.
-  rows = read_results(os.path.join(whole_dir, "results.jsonl"))
+  rows = read_results(os.path.join(sweep_dir, "results.jsonl"))
   assert sorted(row["run_name"] for row in rows) == sorted(r["run_name"] for r in runs)
   for r in runs:
     assert [f for f in os.listdir(os.path.join(REPO_DIR, r["workdir"]))
             if f.startswith("events.out")], r["workdir"]
-    assert "completed at step 100" in read_text(os.path.join(REPO_DIR, r["workdir"],
-                                                            "launch.log"))
-  report = read_text(os.path.join(whole_dir, "REPORT.md"))
+  report = read_text(os.path.join(sweep_dir, "REPORT.md"))
   assert "## Ablation table" in report and "| `bf16`" in report
-  exp = read_hparams_experiment(os.path.join(whole_dir, "runs"))
+  exp = read_hparams_experiment(os.path.join(sweep_dir, "runs"))
   assert sorted(exp["hparams"]["recipe"]) == ["bf16", "fp32"]
 
-  # The preempted sweep: each run was stopped by SIGTERM after a checkpoint, went back
-  # to the queue (requeued by its script on status 75, or resubmitted by the launcher
-  # where the run exits 0 after checkpointing), resumed, and matches the whole sweep's
-  # run of the same config (same run name) in every logged scalar.
-  tasks = _tasks(preempted_dir)
-  assert len(tasks) == 2
-  for run, task in zip(_manifest(preempted_dir), signalled):
-    name, workdir = run["run_name"], os.path.join(REPO_DIR, run["workdir"])
-    log = read_text(os.path.join(workdir, "launch.log"))
-    stopped = re.findall(r"stopping at step (\d+) of 100 \(preemption\)", log)
-    assert stopped, f"{name} ({task}) was not preempted mid-run:\n{log[-3000:]}"
-    assert f"resumed from step {stopped[0]}" in log and "completed at step 100" in log
-    record = tasks[name]
-    assert record["completed"] and record["record"]["state"] == "COMPLETED"
-    assert record["record"]["restarts"] >= 1 or len(record["submissions"]) >= 2, record
-    reference = os.path.join(whole_dir, "runs", name)
-    assert _logged(workdir) == _logged(reference), name
-    assert len(_logged(workdir)["train/loss"]) == 100
-  (row,) = [r for r in read_results(os.path.join(preempted_dir, "results.jsonl"))
-            if r["run_name"] == _manifest(preempted_dir)[0]["run_name"]]
-  (ref,) = [r for r in read_results(os.path.join(whole_dir, "results.jsonl"))
-            if r["run_name"] == row["run_name"]]
+  # The preempted run equals the uninterrupted one in every logged scalar and its row.
+  assert len(_logged(workdir)["train/loss"]) == 100
+  assert _logged(workdir) == _logged(reference_dir)
+  (row,) = [r for r in rows if r["run_name"] == runs[0]["run_name"]]
+  (ref,) = read_results(os.path.join(reference_dir, "results.jsonl"))
   assert row["metrics"] == ref["metrics"]
