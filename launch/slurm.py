@@ -2,14 +2,18 @@
 
 Every run is started as a job step (``srun``), so ``scancel --signal=TERM <job>_<i>``
 reaches it; a run spanning several tasks (``ntasks > 1``) then detects SLURM and calls
-``jax.distributed.initialize()``, which reads ranks and the coordinator from SLURM.
+``jax.distributed.initialize()``, which reads ranks and the coordinator from SLURM. The
+script ``cd``s to this checkout and runs the interpreter that wrote it, so both (and the
+sweep directory) must be on a filesystem the compute nodes share.
 
 Preemption: the script asks for ``--requeue`` and ``--signal=B:TERM@<signal_s>``. When
 the batch shell gets SIGTERM (the time limit is ``signal_s`` away, or an operator's
 ``scancel --batch --signal=TERM``) it passes SIGTERM on to the run's processes. A run that
-gets SIGTERM checkpoints and exits with :data:`PREEMPTED_EXIT_CODE`; the script then
-requeues its own array task (``scontrol requeue``), which restarts from the checkpoint
-(every manifest command carries ``--resume``). Any other status ends the task with it.
+gets SIGTERM checkpoints and exits with :data:`PREEMPTED_EXIT_CODE`; if its task is still
+RUNNING (not being cancelled, timed out or preempted by the scheduler) the script then
+requeues it (``scontrol requeue``), and it restarts from the checkpoint (every manifest
+command carries ``--resume``). Any other status ends the task with it; the launcher
+(:mod:`launch.slurm_runner`) submits again what stopped resumably without a result.
 """
 
 from __future__ import annotations
