@@ -164,6 +164,11 @@ def start(directory: str, *, timeout_s: float = 90.0) -> str:
     with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
       f.write(os.urandom(1024))
   node = socket.gethostname().split(".")[0]
+  try:  # jax.distributed's SLURM detection connects to the first node by this name
+    socket.gethostbyname(node)
+  except OSError as e:
+    raise RuntimeError(f"this host's name {node!r} does not resolve ({e}); add it to "
+                       "/etc/hosts") from e
   conf = os.path.join(directory, "slurm.conf")
   ctld_port = _free_port()
   while (slurmd_port := _free_port()) == ctld_port:
