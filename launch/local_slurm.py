@@ -10,8 +10,10 @@ Needs root and the distribution's ``slurmctld``, ``slurmd``, ``slurm-client`` an
 Everything the daemons write (config, munge key and socket, state, spool, pid and log
 files) lies under ``--dir``; they listen on free ports and an own munge socket, so a
 system SLURM or munge on the machine is left alone. The node is this host
-(``hostname -s``, address 127.0.0.1) with every core this process may use and one
-partition ``debug``. Process tracking is ``proctrack/linuxproc`` and task binding
+(``hostname -s``, address 127.0.0.1) with one partition ``debug`` and, by default, twice
+as many CPU slots as the cores this process may use (at least 4): the tests' tasks spend
+much of their time waiting for signals and restarts, and a task that waits for a free
+slot only lengthens CI. Process tracking is ``proctrack/linuxproc`` and task binding
 ``task/none`` (no cgroups needed, e.g. in containers); there is no accounting daemon,
 so ``sacct`` is unavailable and ``squeue``/``scontrol show job`` are the scheduler's
 record (finished jobs stay listed for ``MinJobAge`` seconds).
@@ -140,10 +142,16 @@ def node_state(env: dict[str, str]) -> str:
   return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def start(directory: str, *, timeout_s: float = 90.0) -> str:
+def default_cpus() -> int:
+  """CPU slots of the node: twice the usable cores, at least 4 (see the module doc)."""
+  return max(4, 2 * len(os.sched_getaffinity(0)))
+
+
+def start(directory: str, *, cpus: int = 0, timeout_s: float = 90.0) -> str:
   """Writes the config, starts munged, slurmctld and slurmd, waits for the node to be idle.
 
-  Returns the slurm.conf path (export it as ``SLURM_CONF``). On failure stops whatever
+  ``cpus``: the node's CPU slots (0: :func:`default_cpus`). Returns the slurm.conf path
+  (export it as ``SLURM_CONF``). On failure stops whatever
   it started and raises RuntimeError with the daemons' log tails.
   """
   if os.geteuid() != 0:
@@ -174,7 +182,7 @@ def start(directory: str, *, timeout_s: float = 90.0) -> str:
   while (slurmd_port := _free_port()) == ctld_port:
     pass
   with open(conf, "w") as f:
-    f.write(slurm_conf(directory, node=node, cpus=len(os.sched_getaffinity(0)),
+    f.write(slurm_conf(directory, node=node, cpus=cpus or default_cpus(),
                        memory_mb=node_memory_mb(), ctld_port=ctld_port,
                        slurmd_port=slurmd_port))
   env = {**os.environ, "SLURM_CONF": conf}
@@ -256,7 +264,7 @@ def main(argv: Sequence[str]) -> int:
     raise app.UsageError(f"unexpected arguments: {command}")
   if action == "start":
     t0 = time.monotonic()
-    conf = start(directory)
+    conf = start(directory, cpus=FLAGS.cpus)
     print(f"SLURM up in {time.monotonic() - t0:.1f} s; export SLURM_CONF={conf}")
     return 0
   if action == "stop":
@@ -266,7 +274,7 @@ def main(argv: Sequence[str]) -> int:
     command = command[1:]
   if not command:
     raise app.UsageError("run needs a command after --")
-  conf = start(directory)
+  conf = start(directory, cpus=FLAGS.cpus)
   try:
     # SIGTERM (e.g. CI's timeout) becomes an exception, so the daemons are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -278,4 +286,5 @@ def main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
   flags.DEFINE_string("dir", None, "Directory for the config, state, spool and logs.")
   flags.mark_flag_as_required("dir")
+  flags.DEFINE_integer("cpus", 0, "CPU slots of the node (0: twice the cores, at least 4).")
   app.run(lambda argv: sys.exit(main(argv)))
