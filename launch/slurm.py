@@ -129,8 +129,8 @@ def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
   if o.account:
     lines.append(f"#SBATCH --account={o.account}")
   lines += [f"#SBATCH {arg}" for arg in o.extra]
-  # srun explicitly gets --cpus-per-task: some SLURM versions (22.05) do not pass the
-  # allocation's on to a step, which would then be bound to one core per task.
+  # srun explicitly gets --cpus-per-task: "The number of cpus per task specified for
+  # salloc or sbatch is not automatically inherited by srun" (srun(1), SLURM 22.05).
   srun = "srun --cpus-per-task=${SLURM_CPUS_PER_TASK}"
   if o.num_tasks > 1:
     srun += " --kill-on-bad-exit=1"  # a lone surviving process would wait in a collective
