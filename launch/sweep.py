@@ -3,14 +3,17 @@
     python -m launch.sweep --list                                # registered sweeps
     python -m launch.sweep --sweep=lm_recipes --dry_run          # print the commands
     python -m launch.sweep --sweep=lm_recipes                    # run locally, then report
-    python -m launch.sweep --sweep=lm_recipes --target=slurm     # write a job-array script
+    python -m launch.sweep --sweep=lm_recipes --target=slurm --slurm_partition=gpu \\
+        --slurm_account=myproj --slurm_time=04:00:00 --slurm_gpus_per_task=1   # on SLURM
     python -m launch.sweep --sweep=lm_recipes --override=num_steps=50   # every run
 
 Outputs under ``--sweep_dir`` (default ``runs/sweeps/<sweep>``): ``manifest.jsonl`` (one
 run per line, with its flags and command), ``sweep.json`` (the declaration, the git
 commit it ran from and, after a local run, its measured duration), ``runs/<run_name>/``
 (each run's TensorBoard events, config.json, checkpoints, launch.log),
-``results.jsonl`` and, after a local run, ``REPORT.md`` with ``plots/``.
+``results.jsonl`` and, after the runs, ``REPORT.md`` with ``plots/``. On SLURM also
+``slurm_array.sbatch``, ``commands.txt`` and ``slurm/`` (each task's output, and
+``tasks.jsonl``: the scheduler's last record of each task).
 
 A sweep records the commit its runs execute, so it refuses to start from a tree with
 uncommitted changes to tracked files (``--allow_dirty`` overrides; the report then says
@@ -38,6 +41,7 @@ from launch import registry
 from launch.local_runner import default_parallelism, run_local
 from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
 from launch.slurm import SlurmOptions, write_array_script
+from launch.slurm_runner import run_slurm, scheduler_available
 
 FLAGS = flags.FLAGS
 
@@ -49,8 +53,8 @@ def define_flags() -> None:
                     "the measured duration of its committed report; run nothing.")
   flags.DEFINE_string("sweep_dir", "", "Output directory (default runs/sweeps/<sweep>).")
   flags.DEFINE_enum("target", "local", ["local", "slurm"],
-                    "local: run now with parallel processes; slurm: write an sbatch "
-                    "job-array script (submit it yourself).")
+                    "local: run now with parallel processes; slurm: submit a job array "
+                    "(one task per run), wait for it, resubmit preempted runs, report.")
   flags.DEFINE_bool("dry_run", False, "Print one command per run; write nothing.")
   flags.DEFINE_bool("allow_dirty", False, "Run although tracked files differ from the "
                     "commit (the report marks the commit dirty).")
@@ -67,7 +71,7 @@ def define_flags() -> None:
   flags.DEFINE_float("mem_per_run_gb", 2.0, "Local: memory budget per run.")
   flags.DEFINE_float("run_timeout_s", 0.0, "Local: kill a run after this many seconds "
                      "(0: no limit).")
-  flags.DEFINE_bool("report", True, "Local: build REPORT.md when the runs finish.")
+  flags.DEFINE_bool("report", True, "Build REPORT.md when the runs finish.")
   flags.DEFINE_string("slurm_time", "02:00:00", "SLURM: --time per run.")
   flags.DEFINE_integer("slurm_cpus_per_task", 4, "SLURM: --cpus-per-task.")
   flags.DEFINE_string("slurm_mem", "16G", "SLURM: --mem per run.")
@@ -77,6 +81,15 @@ def define_flags() -> None:
   flags.DEFINE_string("slurm_partition", "", "SLURM: --partition.")
   flags.DEFINE_string("slurm_account", "", "SLURM: --account.")
   flags.DEFINE_integer("slurm_max_concurrent", 0, "SLURM: array %limit (0: none).")
+  flags.DEFINE_multi_string("slurm_sbatch_arg", [], "SLURM: any other sbatch option, "
+                            "repeatable, e.g. --slurm_sbatch_arg=--qos=high.")
+  flags.DEFINE_integer("slurm_signal_s", 120, "SLURM: SIGTERM to the run this many seconds "
+                       "before the time limit, so it checkpoints and requeues (0: none).")
+  flags.DEFINE_bool("slurm_submit", True, "SLURM: submit and wait; false: only write "
+                    "slurm_array.sbatch (submit it yourself with sbatch).")
+  flags.DEFINE_float("slurm_poll_s", 30.0, "SLURM: seconds between scheduler queries.")
+  flags.DEFINE_integer("slurm_max_resubmits", 2, "SLURM: times a run that stopped without "
+                       "a result (preempted, timed out) is submitted again.")
 
 
 def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
@@ -210,14 +223,29 @@ def main(argv):
   write_tensorboard_experiment(sweep, runs, sweep_dir)
   print(f"manifest: {repo_relative(manifest)} ({len(runs)} runs)")
   if FLAGS.target == "slurm":
-    script = write_array_script(runs, sweep_dir, sweep.name, SlurmOptions(
+    options = SlurmOptions(
         time=FLAGS.slurm_time, cpus_per_task=FLAGS.slurm_cpus_per_task, mem=FLAGS.slurm_mem,
         gpus_per_task=FLAGS.slurm_gpus_per_task, nodes=FLAGS.slurm_nodes,
         ntasks_per_node=FLAGS.slurm_ntasks_per_node, partition=FLAGS.slurm_partition,
-        account=FLAGS.slurm_account, max_concurrent=FLAGS.slurm_max_concurrent))
-    print(f"submit with: sbatch {script}")
-    print(f"then: python -m launch.report --sweep_dir={repo_relative(sweep_dir)}")
-    return 0
+        account=FLAGS.slurm_account, max_concurrent=FLAGS.slurm_max_concurrent,
+        signal_s=FLAGS.slurm_signal_s, extra=tuple(FLAGS.slurm_sbatch_arg))
+    if not FLAGS.slurm_submit:
+      script = write_array_script(runs, sweep_dir, sweep.name, options)
+      print(f"submit with: sbatch {script}")
+      print(f"then: python -m launch.report --sweep_dir={repo_relative(sweep_dir)}")
+      return 0
+    unavailable = scheduler_available()
+    if unavailable:
+      print(f"cannot submit sweep {sweep.name} to SLURM: {unavailable}", file=sys.stderr)
+      return 2
+    outcomes = run_slurm(runs, sweep_dir, sweep.name, options, poll_s=FLAGS.slurm_poll_s,
+                         max_resubmits=FLAGS.slurm_max_resubmits)
+    failed = [o for o in outcomes if not o.completed]
+    for o in failed:
+      state = f"{o.record.state}, exit {o.record.exit_code}" if o.record else "unknown state"
+      print(f"FAILED {o.run_name} ({state}); log: {repo_relative(o.log_path)}",
+            file=sys.stderr)
+    return _finish(sweep_dir, failed)
   parallel = FLAGS.parallel or default_parallelism(FLAGS.cpus_per_run, FLAGS.mem_per_run_gb)
   t0 = time.monotonic()
   outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
@@ -231,6 +259,11 @@ def main(argv):
             if o.status == "preempted" else "FAILED")
     print(f"{what} {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
           file=sys.stderr)
+  return _finish(sweep_dir, failed)
+
+
+def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
+  """The report (unless --noreport) and the TensorBoard command; 1 if any run failed."""
   if FLAGS.report:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)

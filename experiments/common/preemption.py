@@ -15,7 +15,7 @@ import threading
 import jax
 from absl import logging
 
-PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL
+PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: launchers read it as "preempted, requeue"
 
 
 class PreemptionWatcher:

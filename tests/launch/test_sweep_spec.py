@@ -93,13 +93,16 @@ def test_slurm_array_script(tmp_path):
                                                                      gpus_per_task=1))
   text = open(path).read()
   assert "#SBATCH --array=0-3%2" in text and "#SBATCH --gpus-per-task=1" in text
-  assert "SLURM_ARRAY_TASK_ID + 1" in text and "srun" not in text
+  assert "SLURM_ARRAY_TASK_ID + 1" in text
+  # Every run is a job step, so `scancel --signal=TERM <task>` reaches it.
+  assert 'srun --cpus-per-task=${SLURM_CPUS_PER_TASK} bash -c "exec ${CMD}" &' in text
   commands = open(tmp_path / "commands.txt").read().splitlines()
   # The interpreter that wrote the script replaces the manifest's `python`.
   assert commands == [r.shell_command().replace("python", sys.executable, 1) for r in runs]
   assert subprocess.run(["bash", "-n", path]).returncode == 0
   multi = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(nodes=2))
-  assert 'srun bash -c "${CMD}"' in open(multi).read()
+  assert "srun --cpus-per-task=${SLURM_CPUS_PER_TASK} --kill-on-bad-exit=1 bash" in \
+      open(multi).read()
 
 
 def test_list_prints_every_sweep_with_runs_and_measured_duration():
