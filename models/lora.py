@@ -25,7 +25,7 @@ the target kernels stored per ``base_format``:
   along the ``in`` (contraction) axis (zero-padded when it does not divide ``in``;
   the padding is stored), double-quantized scales by default (QLoRA);
 * a :class:`numerics.quantizer.QuantSpec` for block formats (e.g. MXINT8
-  ``QuantSpec("int8", block_size=32, axis=0)``, MXFP8, MXFP4, NVFP4), deterministic
+  ``QuantSpec("int8", block_shape=32, axis=0)``, MXFP8, MXFP4, NVFP4), deterministic
   rounding only. (:class:`numerics.blockscale.QuantizedArray` keeps one FP4 code per
   byte, so MXFP4/NVFP4 bases measure about 1 byte per weight, not 0.5.)
 

@@ -3,10 +3,15 @@
 Quantization is never hard-wired: each matmul -- the q/k/v/output projections, the two
 attention products (q.k and p.v), the feed-forward layers (dense, or the grouped expert
 GEMMs and the router of a mixture-of-experts layer) and the LM head -- calls the
-``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` passed in. The ``key`` is the
-per-call PRNG key (derived from the step key by ``fold_in`` per layer and per matmul) so
-stochastic-rounding recipes get independent randomness everywhere; deterministic recipes
-ignore it. Parameters, norms and softmax stay in float32.
+``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` passed in (default: plain
+float32). The ``key`` is the per-call PRNG key (derived from the step key by ``fold_in``
+per layer and per matmul) so stochastic-rounding recipes get independent randomness
+everywhere; deterministic recipes ignore it. Parameters, norms and softmax stay in
+float32. To quantize the model, wrap it with :func:`models.quantize_model`: the default
+dot_general is intercepted per module path (``block_<i>/qkv``, ``block_<i>/attn_out``,
+``block_<i>/ff_in``, ``block_<i>/ff_out``, ``block_<i>/moe`` for the expert GEMMs,
+``block_<i>/moe/router``, ``head``; the two attention products run in ``block_<i>``
+itself) and keeps this key scheme.
 
 With ``num_experts > 0`` every block's feed-forward is a top-k mixture of experts
 (:class:`MoEFeedForward`): capacity-limited dispatch into per-expert buffers, two grouped
@@ -34,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from models import quantization
 from numerics import kv_quant
 
 DimensionNumbers = Tuple[Tuple[Sequence[int], Sequence[int]], Tuple[Sequence[int], Sequence[int]]]
@@ -47,10 +53,15 @@ DotGeneral = Callable[[jax.Array, jax.Array, DimensionNumbers, jax.Array], jax.A
 
 def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
                      key: jax.Array | None) -> jax.Array:
-  """Plain float32 dot_general with the injected signature (``key`` unused)."""
-  del key
-  return lax.dot_general(lhs.astype(jnp.float32), rhs.astype(jnp.float32), dimension_numbers,
-                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  """Plain float32 dot_general with the injected signature.
+
+  Under :func:`models.quantize_model` the op follows its module's rule and a recipe that
+  draws random numbers uses ``key`` (this model's per-matmul key scheme); otherwise
+  ``key`` is unused.
+  """
+  return quantization.dot_general(lhs.astype(jnp.float32), rhs.astype(jnp.float32),
+                                  dimension_numbers, precision=lax.Precision.HIGHEST,
+                                  preferred_element_type=jnp.float32, key=key)
 
 
 def bf16_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,

@@ -1,10 +1,13 @@
 """Block-scaled quantization: OCP MX (E8M0 scales) and NVFP4 (E4M3 scales + fp32).
 
-Layouts: 1D blocks of ``block_size`` consecutive elements along ``axis``, or tiles
-``block_shape=(b0, b1, ...)`` over ``axis`` (a tuple) or, by default, the last
-``len(block_shape)`` axes; ``block_shape=(32, 32)`` gives the 2D weight tiles of ALTO.
-An axis whose length the block does not divide raises, unless ``pad=True`` (zeros are
-appended, which leaves every block's amax unchanged, and ``dequantize`` slices them off).
+Layouts: ``block_shape`` is the one name for block geometry. An int ``b`` (or ``(b,)``)
+is a 1D block of ``b`` consecutive elements along the int ``axis`` (default ``-1``); a
+tuple ``(b0, b1, ...)`` tiles the axes in the tuple ``axis`` (default: the last
+``len(block_shape)`` axes), e.g. ``block_shape=(32, 32)`` for ALTO's 2D weight tiles.
+Conflicting arguments raise (an int ``axis`` with a 2D ``block_shape``, a tuple ``axis``
+of another length, a non-positive extent, NVFP4 blocks other than 16). An axis whose
+length the block does not divide raises, unless ``pad=True`` (zeros are appended, which
+leaves every block's amax unchanged, and ``dequantize`` slices them off).
 
 MX scale rules (``scale_rule``), for a block with ``amax = max|x|`` and an element
 format whose largest binade is ``emax`` and largest value ``max``:
@@ -33,30 +36,57 @@ Special blocks (tested):
 * a block of float32 subnormals only: ``floor(log2 amax)`` is taken from the bits, so
   the scale clamps at 2^-127 and the elements keep what precision the format has.
 
-NVFP4 (:func:`quantize_nvfp4`) follows Transformer Engine's chain (as transcribed by
-torchao's NVFP4 training reference): tensor ``S_enc = min(448*6 / amax, FLT_MAX)`` (1
-when amax is 0), block scale ``S_dec = e4m3(min(block_amax * (S_enc * (1/6)), 448))``,
-elements ``e2m1(x * min(1 / (S_dec * (1/S_enc)), FLT_MAX))`` with RNE and saturation,
-decode ``x = e2m1 * S_dec * (1/S_enc)``. Our choices where TE is silent: the tensor
-amax ignores NaN/Inf, and a block holding them gets the NaN scale (E4M3 0x7F).
+NVFP4 (:func:`quantize_nvfp4`) has two conventions (``convention=``), each bit-exact
+against a NumPy transcription of its library's formula (``tests/numerics/mx_reference.py``):
+
+* ``"te"`` (default): Transformer Engine's chain, as transcribed by torchao's NVFP4
+  training reference. Tensor ``S_enc = min(448*6 / amax, FLT_MAX)`` (1 when amax is 0),
+  block scale ``S_dec = e4m3(min(block_amax * (S_enc * (1/6)), 448))``, elements
+  ``e2m1(x * min(1 / (S_dec * (1/S_enc)), FLT_MAX))``, decode
+  ``x = (e2m1 * S_dec) * (1/S_enc)``. The block scale has no lower clamp: a block whose
+  scale rounds below E4M3's smallest subnormal (2^-9) stores scale 0 and decodes to 0.
+* ``"torchao"``: torchao's ``NVFP4Tensor.to_nvfp4`` with ``per_tensor_scale =
+  amax / (448*6)``: ``s = clamp((block_amax / 6) / per_tensor_scale, 2^-6, 448)``
+  rounded to E4M3, elements ``e2m1(clamp(x * ((1 / per_tensor_scale) / s), -6, 6))``,
+  decode ``x = e2m1 * (per_tensor_scale * s)``. The block scale is floored at E4M3's
+  smallest *normal* value (torchao's ``E4M3_EPS``), reciprocals are formed separately,
+  and the decode multiplies by a rounded product of the two scales.
+
+The two agree wherever a block's TE scale is a normal E4M3 value and the reciprocal
+chains round alike; they differ on blocks whose amax is below about ``2^-6 * 6 / 448``
+of the tensor amax (TE: a subnormal or zero scale, coarse or flushed elements; torchao:
+scale 2^-6, finer elements) and by one rounding elsewhere (a 1-ulp difference in the
+element's scaled value that can cross an E2M1 rounding boundary, and the decode). On
+N(0, 1) data with rare large outliers they disagree on a few percent of the elements
+(``tests/numerics/test_blockscale.py`` measures it). Where torchao's formula divides by
+zero (an all-zero tensor) we use ``per_tensor_scale = 1``.
+
+Our choices where the libraries are silent: the tensor amax ignores NaN/Inf, and a
+block holding them gets the NaN scale (E4M3 0x7F).
+
+Gradients (:mod:`numerics.gradients`): :func:`quantize_dequantize_mx` is
+straight-through; :func:`quantize_mx` and :func:`quantize_nvfp4` return integer codes
+and raise when differentiated. A :class:`QuantizedArray` checks its fields when built
+(code and scale shapes against ``shape``, ``axes`` and ``block_shape``); one with
+leading batch dimensions (e.g. from ``jax.vmap(quantize_mx)``) dequantizes per example.
 
 All amax and exponent arithmetic is done on the bit patterns: XLA:CPU flushes float32
 subnormals to zero in float arithmetic, which would silently change scales. NVFP4's
-three divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from
-integer ops: GPU Triton kernels divide approximately, TPUs by a reciprocal estimate),
-and its two products with a possibly subnormal operand (``block_amax * S_enc/6`` and
-``x * enc``) rescale that operand in the bits first, so NVFP4 gives the spec's float32
-bits on every backend (tested against NumPy), including for float32 subnormal inputs.
-What remains backend-dependent: a tensor whose amax is below ``2688 * 2^-126``
-(3.2e-35) has a subnormal ``1/S_enc``, and dequantized values below 2^-126 are
-subnormal; CPU and TPU arithmetic flush both to zero.
+divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from integer ops:
+GPU Triton kernels divide approximately, TPUs by a reciprocal estimate), and its
+products with a possibly subnormal operand (``block_amax * S_enc/6`` and ``x * enc``)
+rescale that operand in the bits first, so NVFP4 gives the spec's float32 bits on every
+backend (tested against NumPy), including for float32 subnormal inputs. What remains
+backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
+subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
+arithmetic flush both to zero.
 """
 
 from __future__ import annotations
 
-import functools
-
 import dataclasses
+import functools
+import math
 from typing import Literal, Sequence
 
 import jax
@@ -66,6 +96,7 @@ import numpy as np
 
 from numerics import encoding
 from numerics import formats as formats_lib
+from numerics import gradients as gradients_lib
 from numerics import random_bits as random_bits_lib
 from numerics import rounding as rounding_lib
 
@@ -79,21 +110,32 @@ _I = np.int32
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
+NVFP4_CONVENTIONS = ("te", "torchao")
+_NVFP4_SCALE_RULES = {"te": "nvfp4", "torchao": "nvfp4_torchao"}
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantizedArray:
   """A block-scaled tensor (a pytree; the layout fields are static metadata).
 
   Attributes:
-    codes: uint8 element codes, shape ``padded_shape`` (see :mod:`numerics.encoding`).
-    scales: uint8 scale codes (E8M0 for MX, E4M3 for NVFP4); the shape of ``codes``
-      with every blocked axis divided by its block extent.
-    tensor_scale: float32 scalar decode multiplier (1 for MX; NVFP4's ``1/S_enc``).
+    codes: uint8 element codes, shape ``batch + padded_shape`` (see
+      :mod:`numerics.encoding`); ``batch`` is empty unless the array was built under
+      ``jax.vmap``.
+    scales: uint8 scale codes (E8M0 for MX, E4M3 for NVFP4): ``batch`` + the padded
+      shape with every blocked axis divided by its block extent.
+    tensor_scale: float32 decode multiplier, shape ``()`` or ``batch`` (1 for MX;
+      NVFP4: ``1/S_enc``, or torchao's ``per_tensor_scale``).
     fmt: element format name.
     scale_fmt: ``e8m0`` or ``e4m3``.
-    axes: the blocked axes (non-negative).
+    axes: the blocked axes (non-negative, increasing, of the unbatched array).
     block_shape: block extent along each of ``axes``.
-    shape: the original (unpadded) shape.
-    scale_rule: the MX scale rule used (``nvfp4`` for NVFP4).
+    shape: the original (unpadded, unbatched) shape.
+    scale_rule: the MX scale rule used (``nvfp4`` or ``nvfp4_torchao`` for NVFP4).
+
+  Raises:
+    ValueError, TypeError: on construction, when the fields do not describe one
+      consistent tensor (codes or scales of another shape or dtype, axes out of range).
   """
 
   codes: jax.Array
@@ -106,12 +148,25 @@ class QuantizedArray:
   shape: tuple[int, ...]
   scale_rule: str
 
+  def __post_init__(self):
+    _check_layout_fields(self)
+    leaves = (self.codes, self.scales, self.tensor_scale)
+    # Pytree transformations rebuild the class with placeholder leaves (None, object()).
+    if all(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves):
+      _check_array_fields(self)
+
   @property
   def padded_shape(self) -> tuple[int, ...]:
-    return tuple(self.codes.shape)
+    """The unbatched shape of ``codes`` (``shape`` padded to whole blocks)."""
+    return _padded(self.shape, self.axes, self.block_shape)
+
+  @property
+  def batch_shape(self) -> tuple[int, ...]:
+    """Leading batch dimensions (``()`` unless built under ``jax.vmap``)."""
+    return tuple(self.codes.shape[:len(self.codes.shape) - len(self.shape)])
 
   def element_values(self) -> jax.Array:
-    """float32 element values (before scaling), shape ``padded_shape``."""
+    """float32 element values (before scaling), shape of ``codes``."""
     return encoding.decode(self.codes, self.fmt)
 
   def scale_values(self) -> jax.Array:
@@ -124,35 +179,127 @@ jax.tree_util.register_dataclass(
     meta_fields=["fmt", "scale_fmt", "axes", "block_shape", "shape", "scale_rule"])
 
 
-def _layout(ndim: int, block_size: int | None, axis, block_shape) -> tuple[
-    tuple[int, ...], tuple[int, ...]]:
+def _padded(shape, axes, blocks) -> tuple[int, ...]:
+  out = list(shape)
+  for a, b in zip(axes, blocks):
+    out[a] = -(-out[a] // b) * b
+  return tuple(out)
+
+
+def _check_layout_fields(q: QuantizedArray) -> None:
+  if q.scale_fmt not in ("e8m0", "e4m3"):
+    raise ValueError(f"QuantizedArray scale_fmt must be 'e8m0' or 'e4m3', got "
+                     f"{q.scale_fmt!r}")
+  formats_lib.get(q.fmt)
+  if q.scale_fmt == "e4m3" and (q.fmt != "e2m1" or q.scale_rule not in
+                                _NVFP4_SCALE_RULES.values()):
+    raise ValueError(f"an E4M3-scaled QuantizedArray is NVFP4 (fmt 'e2m1', scale_rule "
+                     f"in {tuple(_NVFP4_SCALE_RULES.values())}), got fmt {q.fmt!r}, "
+                     f"scale_rule {q.scale_rule!r}")
+  if q.scale_fmt == "e8m0" and (q.fmt not in MX_ELEMENT_FORMATS
+                                or q.scale_rule not in SCALE_RULES):
+    raise ValueError(f"an E8M0-scaled QuantizedArray is MX (fmt in {MX_ELEMENT_FORMATS}, "
+                     f"scale_rule in {SCALE_RULES}), got fmt {q.fmt!r}, scale_rule "
+                     f"{q.scale_rule!r}")
+  shape, axes, blocks = q.shape, q.axes, q.block_shape
+  if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
+    raise ValueError(f"QuantizedArray shape must be a tuple of ints >= 0, got {shape!r}")
+  if not (isinstance(axes, tuple) and isinstance(blocks, tuple) and axes
+          and len(axes) == len(blocks)):
+    raise ValueError(f"QuantizedArray axes {axes!r} and block_shape {blocks!r} must be "
+                     f"non-empty tuples of one length")
+  if list(axes) != sorted(set(axes)) or not all(
+      isinstance(a, int) and 0 <= a < len(shape) for a in axes):
+    raise ValueError(f"QuantizedArray axes {axes} must be increasing, distinct and in "
+                     f"range for shape {shape}")
+  if not all(isinstance(b, int) and b >= 1 for b in blocks):
+    raise ValueError(f"QuantizedArray block_shape {blocks} must be positive ints")
+
+
+def _check_array_fields(q: QuantizedArray) -> None:
+  padded = q.padded_shape
+  nb = len(q.codes.shape) - len(q.shape)
+  if nb < 0 or tuple(q.codes.shape[nb:]) != padded:
+    raise ValueError(f"QuantizedArray codes have shape {tuple(q.codes.shape)}; shape "
+                     f"{q.shape} blocked by {q.block_shape} along {q.axes} needs "
+                     f"{padded} (after any leading batch dimensions)")
+  batch = tuple(q.codes.shape[:nb])
+  want_scales = batch + tuple(d // q.block_shape[q.axes.index(i)] if i in q.axes else d
+                              for i, d in enumerate(padded))
+  if tuple(q.scales.shape) != want_scales:
+    raise ValueError(f"QuantizedArray scales have shape {tuple(q.scales.shape)}, "
+                     f"expected {want_scales} (one per block of {q.block_shape} along "
+                     f"{q.axes})")
+  if tuple(q.tensor_scale.shape) not in ((), batch):
+    raise ValueError(f"QuantizedArray tensor_scale has shape "
+                     f"{tuple(q.tensor_scale.shape)}, expected () or {batch}")
+  for name, v, dtype in (("codes", q.codes, jnp.uint8), ("scales", q.scales, jnp.uint8),
+                         ("tensor_scale", q.tensor_scale, jnp.float32)):
+    if v.dtype != dtype:
+      raise TypeError(f"QuantizedArray {name} must be {jnp.dtype(dtype).name}, got "
+                      f"{v.dtype}")
+
+
+def canonical_block(block_shape: int | Sequence[int] | None,
+                    axis: int | Sequence[int] | None, default: int
+                    ) -> tuple[tuple[int, ...], int | tuple[int, ...]]:
+  """``(block_shape, axis)`` in canonical form, before the array's rank is known.
+
+  ``block_shape``: None (``(default,)``), an int ``b`` (``(b,)``) or a sequence of
+  positive ints. ``axis``: None gives ``-1`` for a 1D block and the last
+  ``len(block_shape)`` axes for tiles; an int goes with a 1D block only; a sequence
+  must have one axis per block extent. Returned: a tuple of extents, and an int axis for
+  1D blocks or a tuple of axes for tiles.
+
+  Raises:
+    ValueError: non-positive or non-int extents, an int axis with a multi-axis block,
+      or a tuple of axes of another length.
+  """
   if block_shape is None:
-    if block_size is None:
-      raise ValueError("give block_size or block_shape")
-    if isinstance(axis, (tuple, list)):
-      raise ValueError("a 1D block (block_size) takes a single axis; use block_shape "
-                       "for tiles over several axes")
-    axes, blocks = (axis,), (block_size,)
-  else:
+    blocks = (default,)
+  elif isinstance(block_shape, (int, np.integer)) and not isinstance(block_shape, bool):
+    blocks = (int(block_shape),)
+  elif isinstance(block_shape, (tuple, list)):
     blocks = tuple(block_shape)
-    if isinstance(axis, (tuple, list)):
-      axes = tuple(axis)
-    else:
-      axes = tuple(range(-len(blocks), 0))
+  else:
+    raise ValueError(f"block_shape must be an int or a tuple of ints, got {block_shape!r}")
+  if not blocks or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool)
+                           and b >= 1 for b in blocks):
+    raise ValueError(f"block_shape extents must be positive ints, got {block_shape!r}")
+  blocks = tuple(int(b) for b in blocks)
+  if axis is None:
+    return blocks, (-1 if len(blocks) == 1 else tuple(range(-len(blocks), 0)))
+  if isinstance(axis, (tuple, list)):
+    axes = tuple(axis)
     if len(axes) != len(blocks):
-      raise ValueError(f"block_shape {blocks} needs {len(blocks)} axes, got {axes}")
+      raise ValueError(f"block_shape {blocks} needs {len(blocks)} axes, got axis={axes}")
+    if not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axes):
+      raise ValueError(f"axes must be ints, got {axes}")
+    axes = tuple(int(a) for a in axes)
+    return blocks, (axes[0] if len(axes) == 1 else axes)
+  if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+    raise ValueError(f"axis must be an int or a tuple of ints, got {axis!r}")
+  if len(blocks) != 1:
+    raise ValueError(f"block_shape {blocks} tiles {len(blocks)} axes: give axis as a "
+                     f"tuple of {len(blocks)} axes (or leave it out for the last "
+                     f"{len(blocks)}), not axis={axis}")
+  return blocks, int(axis)
+
+
+def _layout(ndim: int, block_shape, axis, default: int = MX_BLOCK) -> tuple[
+    tuple[int, ...], tuple[int, ...]]:
+  """(non-negative increasing axes, matching extents) for an ``ndim``-d array."""
+  blocks, ax = canonical_block(block_shape, axis, default)
+  axes = ax if isinstance(ax, tuple) else (ax,)
   norm = []
   for a in axes:
-    if not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
+    if not -ndim <= a < ndim:
       raise ValueError(f"axis {a} out of range for a {ndim}-d array")
-    norm.append(int(a) % ndim)
+    norm.append(a % ndim)
   if len(set(norm)) != len(norm):
     raise ValueError(f"repeated axis in {axes}")
-  for b in blocks:
-    if not isinstance(b, (int, np.integer)) or b < 1:
-      raise ValueError(f"block extents must be positive ints, got {blocks}")
   order = np.argsort(norm)
-  return tuple(norm[i] for i in order), tuple(int(blocks[i]) for i in order)
+  return tuple(norm[i] for i in order), tuple(blocks[i] for i in order)
 
 
 def pad_to_multiple(x: jax.Array, axes: Sequence[int], multiples: Sequence[int]
@@ -225,6 +372,16 @@ def _round_amax_mantissa(bits: jax.Array, keep: int) -> jax.Array:
 def mx_scale_exponent(amax_bits: jax.Array, fmt: formats_lib.Format,
                       scale_rule: str) -> jax.Array:
   """OCP E8M0 scale code (int32 in [0, 254]) for block amax bits (finite, >= 0)."""
+  return jnp.clip(mx_scale_code_unclamped(amax_bits, fmt, scale_rule), 0, 254)
+
+
+def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
+                            scale_rule: str) -> jax.Array:
+  """The E8M0 code the scale rule asks for (int32), before clamping to [0, 254].
+
+  Outside [0, 254] the block's scale is clamped (numerics telemetry counts these);
+  a zero amax gives code 0 (not a clamp).
+  """
   m = fmt.man_bits if fmt.kind == "float" else 7
   if scale_rule == "floor":
     e = _floor_log2(amax_bits) - fmt.emax
@@ -243,8 +400,7 @@ def mx_scale_exponent(amax_bits: jax.Array, fmt: formats_lib.Format,
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: {', '.join(SCALE_RULES)}")
   # OCP's code counts from the spec's emax_elem (MXINT8 carries an implicit 2^-6).
   code = e + (fmt.emax - fmt.mx_emax) + 127
-  code = jnp.where(amax_bits == 0, 0, code)
-  return jnp.clip(code, 0, 254)
+  return jnp.where(amax_bits == 0, 0, code)
 
 
 def _check_x(x: jax.Array) -> jax.Array:
@@ -293,18 +449,18 @@ def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
   return elem, jnp.squeeze(scale_codes, axis=bpos), s_full, poison_full
 
 
-def block_statistic(x: jax.Array, stat, *, block_size: int | None = None,
-                    axis: int | Sequence[int] = -1,
-                    block_shape: Sequence[int] | None = None, pad: bool = False
+def block_statistic(x: jax.Array, stat, *, block_shape: int | Sequence[int] | None = None,
+                    axis: int | Sequence[int] | None = None, pad: bool = False
                     ) -> jax.Array:
   """A per-block statistic of float32 ``x``, broadcast back to ``x``'s shape.
 
-  Blocks are laid out as in :func:`quantize_mx`. ``stat(values, valid, axes)`` gets
-  the blocked float32 values, a same-shape bool mask that is False on padding, and the
-  in-block axes; it must reduce over ``axes`` with ``keepdims=True``.
+  Blocks are laid out as in :func:`quantize_mx` (default 1x32 along the last axis).
+  ``stat(values, valid, axes)`` gets the blocked float32 values, a same-shape bool mask
+  that is False on padding, and the in-block axes; it must reduce over ``axes`` with
+  ``keepdims=True``.
   """
   x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  axes, blocks = _layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   valid = _pad(jnp.ones(x.shape, bool), axes, blocks, pad)
   bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
@@ -313,9 +469,8 @@ def block_statistic(x: jax.Array, stat, *, block_size: int | None = None,
   return out[tuple(slice(0, d) for d in x.shape)]
 
 
-def block_amax_bits(x: jax.Array, *, block_size: int | None = None,
-                    axis: int | Sequence[int] = -1,
-                    block_shape: Sequence[int] | None = None, pad: bool = False,
+def block_amax_bits(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
+                    axis: int | Sequence[int] | None = None, pad: bool = False,
                     finite_only: bool = False) -> jax.Array:
   """uint32 magnitude bits of each element's block amax, broadcast to ``x``'s shape.
 
@@ -326,7 +481,7 @@ def block_amax_bits(x: jax.Array, *, block_size: int | None = None,
   ``lax.bitcast_convert_type(bits, jnp.float32)`` is the amax as a float.
   """
   x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  axes, blocks = _layout(x.ndim, block_shape, axis)
   a = lax.bitcast_convert_type(_pad(x, axes, blocks, pad), jnp.uint32) & _U(0x7FFFFFFF)
   if finite_only:
     a = jnp.where(a >= _U(0x7F800000), _U(0), a)
@@ -336,24 +491,27 @@ def block_amax_bits(x: jax.Array, *, block_size: int | None = None,
 
 
 def mx_grid_exponents(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
-                      block_size: int | None = 32, axis: int | Sequence[int] = -1,
-                      block_shape: Sequence[int] | None = None,
-                      scale_rule: ScaleRule = "floor", pad: bool = False) -> jax.Array:
+                      block_shape: int | Sequence[int] | None = None,
+                      axis: int | Sequence[int] | None = None,
+                      scale_rule: ScaleRule = "floor", pad: bool = False,
+                      unclamped: bool = False) -> jax.Array:
   """int32 ``s`` per element (x's shape): MX rounds ``x / 2^s`` onto ``fmt``'s grid.
 
   The block scale of each element's block in the element format's own units (the
   E8M0 code minus its bias, less MXINT8's implicit 2^-6), for tools that need the
   quantization bin of a value (e.g. differential gradient estimation). NaN/Inf blocks
-  get the all-zero-block exponent.
+  get the all-zero-block exponent. ``unclamped=True`` gives the exponent the scale rule
+  asks for before E8M0's range clamps it (:func:`mx_scale_code_unclamped`).
   """
   f = formats_lib.get(fmt)
   x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
+  axes, blocks = _layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
   amax, bshape, _ = _block_amax_bits(a, axes, blocks)
   amax = jnp.where(amax >= _U(0x7F800000), _U(0), amax)
-  s_int = mx_scale_exponent(amax, f, scale_rule) - 127 - (f.emax - f.mx_emax)
+  code_fn = mx_scale_code_unclamped if unclamped else mx_scale_exponent
+  s_int = code_fn(amax, f, scale_rule) - 127 - (f.emax - f.mx_emax)
   out = jnp.broadcast_to(s_int, bshape).reshape(xp.shape)
   return out[tuple(slice(0, d) for d in x.shape)]
 
@@ -374,29 +532,59 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   return jnp.where(poison, jnp.uint8(0), codes), scale_codes
 
 
-def _mx_prologue(x, fmt, block_size, axis, block_shape, pad, key, rounding, rng,
-                 rand_bits):
-  """Validated (format, float32 x, axes, blocks, padded x, random words) for MX."""
+def _check_rounding_args(rounding, key, rand_bits, rng) -> None:
+  """The stochastic-rounding arguments are used only with ``rounding='stochastic'``."""
+  if rounding not in rounding_lib.ROUNDINGS:
+    raise ValueError(f"unknown rounding {rounding!r}; known: "
+                     f"{', '.join(rounding_lib.ROUNDINGS)}")
+  rounding_lib.check_rand_bits(rand_bits)
+  if rng not in random_bits_lib.METHODS:
+    raise ValueError(f"unknown rng {rng!r}; known: {', '.join(random_bits_lib.METHODS)}")
+  if rounding == "stochastic":
+    if key is None:
+      raise ValueError("rounding='stochastic' needs a PRNG key")
+  elif key is not None or rand_bits is not None or rng != "hash":
+    raise ValueError(f"key, rand_bits and rng are used by rounding='stochastic' only; "
+                     f"rounding={rounding!r} would ignore them")
+
+
+def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng):
+  """Validated (format name, float32 x, axes, blocks) for the MX entry points."""
   f = formats_lib.get(fmt)
   if f.name not in MX_ELEMENT_FORMATS:
     raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
                      f"{f.name!r}")
+  if scale_rule not in SCALE_RULES:
+    raise ValueError(f"unknown scale_rule {scale_rule!r}; known: {', '.join(SCALE_RULES)}")
+  _check_rounding_args(rounding, key, rand_bits, rng)
   x = _check_x(x)
-  axes, blocks = _layout(x.ndim, block_size, axis, block_shape)
-  xp = _pad(x, axes, blocks, pad)
-  words = _words(key, xp.shape, rounding, rng)
-  rounding_lib.check_rand_bits(rand_bits)
-  return f, x, axes, blocks, xp, words
+  axes, blocks = _layout(x.ndim, block_shape, axis)
+  return f.name, x, axes, blocks
 
 
-_MX_STATIC = ("fmt", "block_size", "axis", "block_shape", "scale_rule", "rounding",
-              "rand_bits", "pad", "rng")
+_MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
+
+
+def _mx_words(xp, key, rounding, rng):
+  return _words(key, xp.shape, rounding, rng)
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
+def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, rng):
+  f = formats_lib.get(fmt)
+
+  def run(x, key):
+    xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
+    out = mx_quantize_dequantize_core(xp, f, axes, blocks, scale_rule, rounding,
+                                      _mx_words(xp, key, rounding, rng), rand_bits)
+    return out[tuple(slice(0, d) for d in x.shape)]
+
+  return gradients_lib.straight_through(run, x, key)
+
+
 def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
-                           block_size: int = MX_BLOCK, axis: int | Sequence[int] = -1,
-                           block_shape: Sequence[int] | None = None,
+                           block_shape: int | Sequence[int] | None = None,
+                           axis: int | Sequence[int] | None = None,
                            scale_rule: ScaleRule = "floor", rounding: str = "nearest",
                            key: jax.Array | None = None, rand_bits: int | None = None,
                            pad: bool = False, rng: random_bits_lib.Method = "hash"
@@ -406,12 +594,15 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   The fused path for training: the rounded elements are scaled back by integer
   exponent arithmetic, skipping the uint8 encode/decode. Equal bit for bit to the
   two-step form (tested). Arguments as :func:`quantize_mx`; returns float32.
+  Gradient: straight-through (the cotangent, in x's dtype).
   """
-  f, x, axes, blocks, xp, words = _mx_prologue(x, fmt, block_size, axis, block_shape,
-                                               pad, key, rounding, rng, rand_bits)
-  out = mx_quantize_dequantize_core(xp, f, axes, blocks, scale_rule, rounding, words,
-                                    rand_bits)
-  return out[tuple(slice(0, d) for d in x.shape)]
+  fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
+                                    key, rand_bits, rng)
+  out = _qdq_mx(jnp.asarray(x), key, fmt=fmt, axes=axes, blocks=blocks,
+                scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
+                rng=rng)
+  del x32
+  return out
 
 
 def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
@@ -435,9 +626,22 @@ def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
+def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, rng):
+  f = formats_lib.get(fmt)
+
+  def run(x, key):
+    x = x.astype(jnp.float32)
+    xp = _pad(x, axes, blocks, pad)
+    return mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
+                            _mx_words(xp, key, rounding, rng), rand_bits)
+
+  return gradients_lib.not_differentiable(
+      run, "quantize_mx", "quantize_dequantize_mx or fake_quant")(x, key)
+
+
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
-                block_size: int = MX_BLOCK, axis: int | Sequence[int] = -1,
-                block_shape: Sequence[int] | None = None,
+                block_shape: int | Sequence[int] | None = None,
+                axis: int | Sequence[int] | None = None,
                 scale_rule: ScaleRule = "floor", rounding: str = "nearest",
                 key: jax.Array | None = None, rand_bits: int | None = None,
                 pad: bool = False, rng: random_bits_lib.Method = "hash"
@@ -447,75 +651,182 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   Args:
     x: float32/bfloat16/float16 array.
     fmt: element format: e4m3, e5m2 (MXFP8), e2m3, e3m2 (MXFP6), e2m1 (MXFP4), int8.
-    block_size: 1D block length along ``axis`` (OCP MX: 32).
-    axis: blocked axis, or a tuple of axes for ``block_shape``.
-    block_shape: tile extents for 2D (or nD) blocks, e.g. ``(32, 32)``.
+    block_shape: an int for 1D blocks along ``axis`` (default 32, OCP MX), or tile
+      extents such as ``(32, 32)`` over the axes in ``axis``.
+    axis: the blocked axis (default -1) for 1D blocks; a tuple of axes for tiles
+      (default: the last ``len(block_shape)``).
     scale_rule: floor (OCP), ceil, rceil, even, alto (see the module docstring).
     rounding: element rounding, ``nearest`` (RNE) or ``stochastic`` (needs ``key``;
       the scale stays deterministic) or ``toward_zero``.
     key, rand_bits, rng: stochastic rounding's key, random bits per element and
-      generator, as in :func:`numerics.cast`; words are indexed by the row-major
-      position in the padded array.
+      generator, as in :func:`numerics.cast` (only with ``rounding='stochastic'``);
+      words are indexed by the row-major position in the padded array.
     pad: zero-pad blocked axes to a multiple of the block instead of raising.
 
   Returns:
     A :class:`QuantizedArray`; ``dequantize`` gives ``element * 2^(code - 127)``.
+    Not differentiable (integer codes): use :func:`quantize_dequantize_mx` or
+    :func:`numerics.fake_quant` for a straight-through gradient.
   """
-  f, x, axes, blocks, xp, words = _mx_prologue(x, fmt, block_size, axis, block_shape,
-                                               pad, key, rounding, rng, rand_bits)
-  shape = tuple(x.shape)
-  codes, scale_codes = mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
-                                       words, rand_bits)
+  fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
+                                    key, rand_bits, rng)
+  codes, scale_codes = _quantize_mx(jnp.asarray(x), key, fmt=fmt, axes=axes,
+                                    blocks=blocks, scale_rule=scale_rule,
+                                    rounding=rounding, rand_bits=rand_bits, pad=pad,
+                                    rng=rng)
   return QuantizedArray(codes=codes, scales=scale_codes,
-                        tensor_scale=jnp.float32(1.0), fmt=f.name, scale_fmt="e8m0",
-                        axes=axes, block_shape=blocks, shape=shape,
+                        tensor_scale=jnp.float32(1.0), fmt=fmt, scale_fmt="e8m0",
+                        axes=axes, block_shape=blocks, shape=tuple(x32.shape),
                         scale_rule=scale_rule)
 
 
+def nvfp4_layout(ndim: int, block_shape, axis) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(axes, extents) of NVFP4 blocks: 16 along one axis, or 16x16 tiles (default 1x16)."""
+  axes, blocks = _layout(ndim, block_shape, axis, NVFP4_BLOCK)
+  if any(b != NVFP4_BLOCK for b in blocks):
+    raise ValueError(f"NVFP4 blocks are {NVFP4_BLOCK} elements along each blocked axis "
+                     f"(1x16, or 16x16 tiles), got block_shape={block_shape!r}")
+  return axes, blocks
+
+
 @functools.partial(jax.jit, static_argnames=(
-    "axis", "block_shape", "rounding", "rand_bits", "pad", "rng"))
-def quantize_nvfp4(x: jax.Array, *, axis: int | Sequence[int] = -1,
-                   block_shape: Sequence[int] | None = None,
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention"))
+def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention):
+
+  def run(x, key):
+    xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
+    if convention == "te" and rounding == "nearest":
+      return nvfp4_te_nearest(xp, axes, blocks, dequantize=False)
+    words = _words(key, xp.shape, rounding, rng)
+    if convention == "torchao":
+      pts = nvfp4_torchao_tensor_scale(xp)
+      codes, scale_codes, _ = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
+                                                         words, rand_bits)
+      return codes, scale_codes, pts
+    s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
+    codes, scale_codes, _ = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
+                                                rand_bits)
+    return codes, scale_codes, inv_s_enc
+
+  return gradients_lib.not_differentiable(
+      run, "quantize_nvfp4", "quantizer.quantize_dequantize or fake_quant(x, 'nvfp4')"
+  )(x, key)
+
+
+def _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng, convention):
+  if convention not in NVFP4_CONVENTIONS:
+    raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
+                     f"{convention!r}")
+  _check_rounding_args(rounding, key, rand_bits, rng)
+  x32 = _check_x(x)
+  return x32, nvfp4_layout(x32.ndim, block_shape, axis)
+
+
+def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
+                   axis: int | Sequence[int] | None = None,
                    rounding: str = "nearest", key: jax.Array | None = None,
                    rand_bits: int | None = None, pad: bool = False,
-                   rng: random_bits_lib.Method = "hash") -> QuantizedArray:
+                   rng: random_bits_lib.Method = "hash", convention: str = "te"
+                   ) -> QuantizedArray:
   """NVFP4: E2M1 elements in 16-element blocks, E4M3 block scales, fp32 tensor scale.
 
   Args:
     x: float32/bfloat16/float16 array.
-    axis: blocked axis for 1x16 blocks (or a tuple with ``block_shape``).
-    block_shape: e.g. ``(16, 16)`` for 2D weight tiles.
+    block_shape: 16 (default: 1x16 blocks along ``axis``) or ``(16, 16)`` for 2D
+      weight tiles; any other extent raises.
+    axis: as in :func:`quantize_mx`.
     rounding, key, rand_bits, rng, pad: as in :func:`quantize_mx`.
+    convention: ``"te"`` (Transformer Engine's scale chain) or ``"torchao"``
+      (torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale); see the module
+      docstring for both formulas and where they differ.
 
   Returns:
-    A :class:`QuantizedArray` with ``tensor_scale = 1/S_enc`` (see module docstring).
+    A :class:`QuantizedArray` with ``tensor_scale = 1/S_enc`` (``te``) or torchao's
+    ``per_tensor_scale`` (``torchao``). Not differentiable (integer codes).
   """
-  x = _check_x(x)
-  axes, blocks = _layout(x.ndim, NVFP4_BLOCK, axis, block_shape)
-  shape = tuple(x.shape)
-  xp = _pad(x, axes, blocks, pad)
-  words = _words(key, xp.shape, rounding, rng)
-  rounding_lib.check_rand_bits(rand_bits)
-  s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
-  codes, scale_codes, _ = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
-                                              rand_bits)
-  return QuantizedArray(codes=codes, scales=scale_codes, tensor_scale=inv_s_enc,
+  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
+                                    convention)
+  codes, scale_codes, tensor_scale = _quantize_nvfp4(
+      jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
+      rand_bits=rand_bits, pad=pad, rng=rng, convention=convention)
+  return QuantizedArray(codes=codes, scales=scale_codes, tensor_scale=tensor_scale,
                         fmt="e2m1", scale_fmt="e4m3", axes=axes, block_shape=blocks,
-                        shape=shape, scale_rule="nvfp4")
+                        shape=tuple(x32.shape), scale_rule=_NVFP4_SCALE_RULES[convention])
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention"))
+def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention):
+
+  def run(x, key):
+    xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
+    if convention == "te" and rounding == "nearest":
+      out = nvfp4_te_nearest(xp, axes, blocks, dequantize=True)
+    else:
+      words = _words(key, xp.shape, rounding, rng)
+      if convention == "torchao":
+        pts = nvfp4_torchao_tensor_scale(xp)
+        out = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding, words,
+                                          rand_bits)[2]
+      else:
+        s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
+        out = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
+                                  rand_bits)[2] * inv_s_enc
+    return out[tuple(slice(0, d) for d in x.shape)]
+
+  return gradients_lib.straight_through(run, x, key)
+
+
+def quantize_dequantize_nvfp4(x: jax.Array, *,
+                              block_shape: int | Sequence[int] | None = None,
+                              axis: int | Sequence[int] | None = None,
+                              rounding: str = "nearest", key: jax.Array | None = None,
+                              rand_bits: int | None = None, pad: bool = False,
+                              rng: random_bits_lib.Method = "hash",
+                              convention: str = "te") -> jax.Array:
+  """float32 ``dequantize(quantize_nvfp4(x, ...))`` in one jitted pass over ``x``.
+
+  Equal bit for bit to the two-step form (tested); arguments as
+  :func:`quantize_nvfp4`. Gradient: straight-through.
+  """
+  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
+                                    convention)
+  del x32
+  return _qdq_nvfp4(jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
+                    rand_bits=rand_bits, pad=pad, rng=rng, convention=convention)
+
+
+def _finite_amax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(int32 bits, float32 value) of max |x| over finite values (0 when none)."""
+  a = lax.bitcast_convert_type(x, jnp.uint32) & _U(0x7FFFFFFF)
+  finite = a < _U(0x7F800000)
+  bits = jnp.max(jnp.where(finite, a, _U(0)).astype(jnp.int32), initial=0)
+  return bits, lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def nvfp4_tensor_scale(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """float32 scalars ``(S_enc, 1/S_enc)`` of float32 ``x`` (amax over finite values).
 
-  The only whole-tensor step of NVFP4: the Pallas kernels take both as inputs.
+  The only whole-tensor step of NVFP4 (``te`` convention): the Pallas kernels take both
+  as inputs.
   """
-  a = lax.bitcast_convert_type(x, jnp.uint32) & _U(0x7FFFFFFF)
-  finite = a < _U(0x7F800000)
-  t_amax_bits = jnp.max(jnp.where(finite, a, _U(0)).astype(jnp.int32))
-  t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
+  return _tensor_scale_of_amax(*_finite_amax(x))
+
+
+def _tensor_scale_of_amax(t_amax_bits, t_amax):
   s_enc = jnp.minimum(rounding_lib.div_rn(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
   s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
   return s_enc, rounding_lib.div_rn(np.float32(1.0), s_enc)
+
+
+def nvfp4_torchao_tensor_scale(x: jax.Array) -> jax.Array:
+  """torchao's ``per_tensor_scale = amax / (448 * 6)`` (float32 scalar; 1 when amax = 0).
+
+  ``amax`` is over finite values (torchao's ``torch.max`` would propagate NaN).
+  """
+  t_amax_bits, t_amax = _finite_amax(x)
+  pts = rounding_lib.div_rn(t_amax, np.float32(448.0 * 6.0))
+  return jnp.where((t_amax_bits == 0) | (pts == 0), np.float32(1.0), pts)
 
 
 def _mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -536,43 +847,231 @@ def _mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
 
 
+def _nvfp4_elements(xp, enc_full, poison_full, rounding, words, rand_bits):
+  """(E2M1 codes, float32 element values) of ``xp * enc`` (poisoned blocks: zero codes)."""
+  f = formats_lib.get("e2m1")
+  scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp), enc_full)
+  sb = lax.bitcast_convert_type(scaled, jnp.uint32)
+  elem = _round_elements(sb & _U(0x7FFFFFFF), sb >> 31, f, 0, rounding, words, rand_bits)
+  elem_f = lax.bitcast_convert_type(elem, jnp.float32)
+  codes = jnp.where(poison_full, jnp.uint8(0), encoding.encode(elem_f, f))
+  return codes, elem_f
+
+
+def _block_amax(xp, axes, blocks):
+  """(float32 finite block amax, poisoned, blocked shape, block positions) of ``xp``."""
+  a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
+  amax, bshape, bpos = _block_amax_bits(a, axes, blocks)
+  poisoned = amax >= _U(0x7F800000)
+  block_amax = lax.bitcast_convert_type(jnp.where(poisoned, _U(0), amax), jnp.float32)
+  return block_amax, poisoned, bshape, bpos
+
+
+def _nvfp4_te_scales(block_amax, s_enc):
+  """(E4M3-rounded S_dec, element multiplier enc) per block, TE's chain."""
+  s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
+                      np.float32(448.0))
+  s_dec = rounding_lib.round_f32(s_dec, formats_lib.get("e4m3"), rounding="nearest",
+                                 saturate=True)
+  inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
+  enc = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_dec * inv_s_enc), _FLT_MAX)
+  return s_dec, enc
+
+
+def _nvfp4_torchao_scales(block_amax, per_tensor_scale):
+  """(unclamped scaled block scale, E4M3 scale s, element multiplier) per block."""
+  block_scale = rounding_lib.div_rn(block_amax, np.float32(6.0))
+  scaled_scale = rounding_lib.div_rn(block_scale, per_tensor_scale)
+  s = jnp.clip(scaled_scale, _E4M3_EPS, np.float32(448.0))
+  s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
+                             saturate=True)
+  reciprocal = rounding_lib.div_rn(rounding_lib.div_rn(np.float32(1.0), per_tensor_scale),
+                                   s)
+  return scaled_scale, s, reciprocal
+
+
 def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
                         blocks: tuple[int, ...], rounding: str, words: jax.Array | None,
                         rand_bits: int | None
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E2M1 codes, E4M3 scale codes, float32 element x block-scale values) of ``xp``.
 
-  ``xp`` is float32 with block-divisible axes and ``s_enc`` its tensor scale
-  (:func:`nvfp4_tensor_scale`); the values (NaN in poisoned blocks) times ``1/S_enc``
-  are the dequantized tensor. Run by :func:`quantize_nvfp4` and the Pallas kernels in
-  :mod:`numerics.kernels.nvfp4_quantizers`.
+  The ``te`` convention. ``xp`` is float32 with block-divisible axes and ``s_enc`` its
+  tensor scale (:func:`nvfp4_tensor_scale`); the values (NaN in poisoned blocks) times
+  ``1/S_enc`` are the dequantized tensor. Run by :func:`quantize_nvfp4` and the Pallas
+  kernels in :mod:`numerics.kernels.nvfp4_quantizers`.
   """
-  f = formats_lib.get("e2m1")
   e4m3 = formats_lib.get("e4m3")
-  a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
-  amax, bshape, bpos = _block_amax_bits(a, axes, blocks)
-  poisoned = amax >= _U(0x7F800000)
-  block_amax = lax.bitcast_convert_type(jnp.where(poisoned, _U(0), amax), jnp.float32)
-  s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
-                      np.float32(448.0))
-  s_dec = rounding_lib.round_f32(s_dec, e4m3, rounding="nearest", saturate=True)
-  inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
-  enc = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_dec * inv_s_enc), _FLT_MAX)
+  block_amax, poisoned, bshape, bpos = _block_amax(xp, axes, blocks)
+  s_dec, enc = _nvfp4_te_scales(block_amax, s_enc)
   enc_full = jnp.broadcast_to(enc, bshape).reshape(xp.shape)
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
-  scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp), enc_full)
-  sb = lax.bitcast_convert_type(scaled, jnp.uint32)
-  elem = _round_elements(sb & _U(0x7FFFFFFF), sb >> 31, f, 0, rounding, words,
-                         rand_bits)
-  elem_f = lax.bitcast_convert_type(elem, jnp.float32)
-  codes = encoding.encode(elem_f, f)
-  codes = jnp.where(poison_full, jnp.uint8(0), codes)
+  codes, elem_f = _nvfp4_elements(xp, enc_full, poison_full, rounding, words, rand_bits)
   scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code), encoding.encode(s_dec, e4m3))
   scale_codes = jnp.squeeze(scale_codes, axis=bpos)
   # element * E4M3 scale is exact in float32 (at most 2 + 4 significant bits, >= 2^-10).
   values = elem_f * jnp.broadcast_to(s_dec, bshape).reshape(xp.shape)
   values = jnp.where(poison_full, np.float32(np.nan), values)
   return codes, scale_codes, values
+
+
+_E4M3_EPS = np.float32(2.0 ** -6)  # torchao's E4M3_EPS: float8_e4m3fn's smallest normal
+
+
+def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
+                                axes: tuple[int, ...], blocks: tuple[int, ...],
+                                rounding: str, words: jax.Array | None,
+                                rand_bits: int | None
+                                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(E2M1 codes, E4M3 scale codes, float32 dequantized values) of ``xp``, torchao's way.
+
+  torchao's ``nvfp4_quantize`` with a per-tensor scale: ``s = e4m3(clamp((block_amax /
+  6) / per_tensor_scale, 2^-6, 448))``, elements ``e2m1(clamp(x * ((1 /
+  per_tensor_scale) / s), -6, 6))``, dequantized ``e2m1 * (per_tensor_scale * s)``
+  (every operation one float32 rounding; divisions by :func:`numerics.rounding.div_rn`).
+  Runs on the jnp path only (no Pallas kernel).
+  """
+  e4m3 = formats_lib.get("e4m3")
+  block_amax, poisoned, bshape, bpos = _block_amax(xp, axes, blocks)
+  _, s, reciprocal = _nvfp4_torchao_scales(block_amax, per_tensor_scale)
+  rec_full = jnp.broadcast_to(reciprocal, bshape).reshape(xp.shape)
+  poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
+  # Saturation to +-6 is torchao's clamp before the E2M1 cast.
+  codes, elem_f = _nvfp4_elements(xp, rec_full, poison_full, rounding, words, rand_bits)
+  scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code), encoding.encode(s, e4m3))
+  scale_codes = jnp.squeeze(scale_codes, axis=bpos)
+  hp_scale = _mul_subnormal_lhs(s, per_tensor_scale)
+  values = _mul_subnormal_lhs(elem_f, jnp.broadcast_to(hp_scale, bshape).reshape(xp.shape))
+  values = jnp.where(poison_full, np.float32(np.nan), values)
+  return codes, scale_codes, values
+
+
+def nvfp4_grid_multipliers(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
+                           axis: int | Sequence[int] | None = None, pad: bool = False,
+                           convention: str = "te") -> tuple[jax.Array, jax.Array]:
+  """(float32 per element: the multiplier that maps x onto E2M1's grid, bool per block:
+  the block scale was clamped) of NVFP4 with these arguments.
+
+  Clamped: ``te``, a nonzero block whose E4M3 scale rounded to zero (TE has no lower
+  clamp, so its elements flush); ``torchao``, a nonzero block whose scale was raised to
+  2^-6 or lowered to 448. For numerics telemetry; blocks and conventions as in
+  :func:`quantize_nvfp4`.
+  """
+  if convention not in NVFP4_CONVENTIONS:
+    raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
+                     f"{convention!r}")
+  x = _check_x(x)
+  axes, blocks = nvfp4_layout(x.ndim, block_shape, axis)
+  xp = _pad(x, axes, blocks, pad)
+  block_amax, _, bshape, bpos = _block_amax(xp, axes, blocks)
+  if convention == "te":
+    s_enc, _ = nvfp4_tensor_scale(xp)
+    s_dec, mult = _nvfp4_te_scales(block_amax, s_enc)
+    clamped = (s_dec == 0) & (block_amax > 0)
+  else:
+    scaled, _, mult = _nvfp4_torchao_scales(block_amax, nvfp4_torchao_tensor_scale(xp))
+    clamped = ((scaled < _E4M3_EPS) | (scaled > 448.0)) & (block_amax > 0)
+  full = jnp.broadcast_to(mult, bshape).reshape(xp.shape)
+  return (full[tuple(slice(0, d) for d in x.shape)],
+          jnp.squeeze(clamped, axis=bpos))
+
+
+def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
+                     block_shape: int | Sequence[int] | None = None,
+                     axis: int | Sequence[int] | None = None,
+                     scale_rule: ScaleRule = "floor", pad: bool = False) -> jax.Array:
+  """bool per block (the scales' shape): the scale rule asked for an E8M0 exponent
+  outside [-127, 127], so the block's scale was clamped (NaN/Inf and zero blocks:
+  False). For numerics telemetry; blocks as in :func:`quantize_mx`."""
+  f = formats_lib.get(fmt)
+  x = _check_x(x)
+  axes, blocks = _layout(x.ndim, block_shape, axis)
+  xp = _pad(x, axes, blocks, pad)
+  a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
+  amax, _, bpos = _block_amax_bits(a, axes, blocks)
+  amax = jnp.where(amax >= _U(0x7F800000), _U(0), amax)
+  code = mx_scale_code_unclamped(amax, f, scale_rule)
+  return jnp.squeeze((code < 0) | (code > 254), axis=bpos)
+
+
+# E2M1 round-to-nearest-even on a magnitude a >= 0, as thresholds: the code is the
+# number of thresholds a passes (ties go to the even code: 0.25 -> 0, 0.75 -> 1, ...).
+_E2M1_RNE_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
+                        (2.5, False), (3.5, True), (5.0, False))
+_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e2m1_rne_code(a: jax.Array) -> jax.Array:
+  """uint32 E2M1 magnitude code (0..7) of float32 ``a >= 0`` (saturating), RNE."""
+  code = jnp.zeros(a.shape, jnp.uint32)
+  for t, inclusive in _E2M1_RNE_THRESHOLDS:
+    code = code + ((a >= t) if inclusive else (a > t)).astype(jnp.uint32)
+  return code
+
+
+def nvfp4_te_nearest(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
+                     dequantize: bool):
+  """NVFP4 (``te`` convention, round to nearest) in two passes over ``xp``.
+
+  The fast jnp path of :func:`quantize_nvfp4` and :func:`quantize_dequantize_nvfp4`:
+  one pass takes each block's amax (finite and not, in one variadic reduction), from
+  which the tensor amax, ``S_enc`` and the block scales follow; ``enc`` comes from a
+  128-entry table indexed by the E4M3 scale code (every block's ``enc`` is one of
+  them), and the elements round by comparing against E2M1's rounding thresholds.
+  Equal bit for bit to :func:`nvfp4_quantize_core` (tested, and both against the
+  NumPy reference). Returns (codes, scale codes, 1/S_enc), or the dequantized float32
+  tensor with ``dequantize``.
+  """
+  e4m3 = formats_lib.get("e4m3")
+  ai = lax.bitcast_convert_type(xp, jnp.int32) & np.int32(0x7FFFFFFF)
+  bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
+  ab = ai.reshape(bshape)
+  finite_ab = jnp.where(ab < np.int32(0x7F800000), ab, np.int32(0))
+  amax, finite_amax = lax.reduce(
+      (ab, finite_ab), (np.int32(0), np.int32(0)),
+      lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), bpos)
+  amax, finite_amax = (jnp.expand_dims(v, bpos) for v in (amax, finite_amax))
+  t_amax_bits = jnp.max(finite_amax, initial=np.int32(0))
+  s_enc, inv_s_enc = _tensor_scale_of_amax(
+      t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32))
+  poisoned = amax >= np.int32(0x7F800000)
+  block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
+                                        jnp.float32)
+  s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
+                      np.float32(448.0))
+  s_dec = rounding_lib.round_f32(s_dec, e4m3, rounding="nearest", saturate=True)
+  s_code = encode_e4m3_nonnegative(s_dec)
+  s_values = jnp.asarray(encoding.decode_table("e4m3")[:128].astype(np.float32))
+  enc_table = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_values * inv_s_enc),
+                          _FLT_MAX)
+  full = lambda v: jnp.broadcast_to(v, bshape).reshape(xp.shape)
+  poison_full = full(poisoned)
+  scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp),
+                              full(jnp.take(enc_table, s_code)))
+  sb = lax.bitcast_convert_type(scaled, jnp.uint32)
+  mag = _e2m1_rne_code(lax.bitcast_convert_type(sb & np.uint32(0x7FFFFFFF), jnp.float32))
+  sign = sb & np.uint32(0x80000000)
+  if dequantize:
+    elem = jnp.zeros(xp.shape, jnp.float32)
+    for c, v in enumerate(_E2M1_MAGNITUDES[1:], start=1):
+      elem = jnp.where(mag == c, np.float32(v), elem)
+    value = elem * full(s_dec)  # exact: at most 2 + 4 significant bits, >= 2^-10
+    value = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32) * inv_s_enc
+    return jnp.where(poison_full, np.float32(np.nan), value)
+  codes = jnp.where(poison_full, np.uint32(0), (sign >> 28) | mag).astype(jnp.uint8)
+  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code), s_code).astype(jnp.uint8)
+  return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
+
+
+def encode_e4m3_nonnegative(v: jax.Array) -> jax.Array:
+  """uint32 E4M3 code (0..126) of float32 ``v >= 0`` exactly representable in E4M3."""
+  b = lax.bitcast_convert_type(v, jnp.uint32)
+  e = (b >> 23).astype(jnp.int32) - 127  # normal float32 (E4M3 values are >= 2^-9)
+  normal = ((e + 7).astype(jnp.uint32) << 3) | ((b >> 20) & np.uint32(7))
+  sub = (b >> 20 & np.uint32(7) | np.uint32(8)) >> jnp.clip(-6 - e, 0, 4).astype(
+      jnp.uint32)
+  return jnp.where(v == 0, np.uint32(0), jnp.where(e >= -6, normal, sub))
 
 
 def _expand_scales(q: QuantizedArray, values: jax.Array) -> jax.Array:
@@ -582,22 +1081,17 @@ def _expand_scales(q: QuantizedArray, values: jax.Array) -> jax.Array:
   return jnp.broadcast_to(v, bshape).reshape(q.padded_shape)
 
 
-@jax.jit
-def dequantize(q: QuantizedArray) -> jax.Array:
-  """float32 array of the original shape: element * block scale (* tensor scale).
-
-  MX decoding is exact (the product is built bit by bit, so block scales down to
-  2^-127 work on XLA:CPU too). NVFP4's element * E4M3 scale is exact as well; the final
-  multiply by the fp32 tensor scale is one float32 rounding.
-  """
-  if not isinstance(q, QuantizedArray):
-    raise TypeError(f"dequantize expects a QuantizedArray, got {type(q).__name__}")
+def _dequantize_one(q: QuantizedArray) -> jax.Array:
   f = formats_lib.get(q.fmt)
   if q.scale_fmt == "e8m0":
     s_code = _expand_scales(q, q.scales.astype(jnp.int32))
     s_int = s_code - 127 - (f.emax - f.mx_emax)
     out = encoding.decode_scaled(q.codes, f, s_int)
     out = jnp.where(s_code == 255, np.float32(np.nan), out)
+  elif q.scale_rule == "nvfp4_torchao":
+    scale = _expand_scales(q, encoding.decode(q.scales, "e4m3"))
+    hp_scale = _mul_subnormal_lhs(scale, q.tensor_scale)
+    out = _mul_subnormal_lhs(encoding.decode(q.codes, f), hp_scale)
   else:
     # Element (n_e 2^qe_e) times E4M3 scale (n_s 2^qe_s): integer product, exact.
     _, n_e_t, qe_e_t, _ = encoding.decode_parts_table(f.name)
@@ -611,3 +1105,29 @@ def dequantize(q: QuantizedArray) -> jax.Array:
     out = prod * q.tensor_scale
     out = jnp.where(jnp.take(jnp.asarray(nan_s_t), cs), np.float32(np.nan), out)
   return out[tuple(slice(0, d) for d in q.shape)]
+
+
+@jax.jit
+def dequantize(q: QuantizedArray) -> jax.Array:
+  """float32 array of the original shape: element * block scale (* tensor scale).
+
+  MX decoding is exact (the product is built bit by bit, so block scales down to
+  2^-127 work on XLA:CPU too). NVFP4 (``te``): element * E4M3 scale is exact as well;
+  the final multiply by the fp32 tensor scale is one float32 rounding. NVFP4
+  (``torchao``): ``element * (per_tensor_scale * scale)``, two roundings, as torchao's
+  ``dequantize``. A batched ``q`` (leading dimensions from ``jax.vmap``) gives
+  ``batch_shape + shape``. Gradient: none (integer codes).
+  """
+  if not isinstance(q, QuantizedArray):
+    raise TypeError(f"dequantize expects a QuantizedArray, got {type(q).__name__}")
+  batch = q.batch_shape
+  if not batch:
+    return _dequantize_one(q)
+  n = math.prod(batch)
+  flat = dataclasses.replace(
+      q, codes=q.codes.reshape((n,) + q.codes.shape[len(batch):]),
+      scales=q.scales.reshape((n,) + q.scales.shape[len(batch):]),
+      tensor_scale=(q.tensor_scale.reshape(n) if q.tensor_scale.shape else
+                    jnp.broadcast_to(q.tensor_scale, (n,))))
+  out = jax.vmap(_dequantize_one)(flat)
+  return out.reshape(batch + q.shape)

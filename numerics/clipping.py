@@ -27,8 +27,8 @@ def _block_rms(values, valid, axes):
 
 
 def clip_to_block_rms(x: jax.Array, *, ratio: float = QUEST_RATIO,
-                      block_size: int | None = None, axis: int | Sequence[int] = -1,
-                      block_shape: Sequence[int] | None = None, pad: bool = False
+                      block_shape: int | Sequence[int] | None = None,
+                      axis: int | Sequence[int] | None = None, pad: bool = False
                       ) -> jax.Array:
   """float32 ``clip(x, -c, c)`` with ``c = ratio * rms`` of each element's block.
 
@@ -38,6 +38,6 @@ def clip_to_block_rms(x: jax.Array, *, ratio: float = QUEST_RATIO,
   if not ratio > 0:
     raise ValueError(f"ratio must be > 0, got {ratio}")
   x = jnp.asarray(x).astype(jnp.float32)
-  c = ratio * blockscale.block_statistic(x, _block_rms, block_size=block_size, axis=axis,
-                                         block_shape=block_shape, pad=pad)
+  c = ratio * blockscale.block_statistic(x, _block_rms, block_shape=block_shape, axis=axis,
+                                         pad=pad)
   return jnp.where(jnp.isfinite(x), jnp.clip(x, -c, c), x)

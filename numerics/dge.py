@@ -44,7 +44,7 @@ def surrogate_derivative(w: jax.Array, spec: quantizer.QuantSpec, k: int = 5,
     k: the surrogate's root order (ALTO: 5); >= 1 (k = 1 gives f' = 1, the STE).
     clamp: upper bound of f' (> 0).
   """
-  if spec.is_cast or spec.fmt == "nvfp4" or spec.tensorwise:
+  if spec.is_cast or spec.fmt == "nvfp4":
     raise ValueError(f"DGE needs an MX block quantizer, got {spec}")
   f = formats_lib.get(spec.fmt)
   if f.kind != "float":
@@ -54,8 +54,7 @@ def surrogate_derivative(w: jax.Array, spec: quantizer.QuantSpec, k: int = 5,
   if not clamp > 0:
     raise ValueError(f"clamp must be > 0, got {clamp}")
   w = jnp.asarray(w).astype(jnp.float32)
-  s = blockscale.mx_grid_exponents(w, f, block_size=spec.block_size, axis=spec.axis,
-                                   block_shape=spec.block_shape,
+  s = blockscale.mx_grid_exponents(w, f, block_shape=spec.block_shape, axis=spec.axis,
                                    scale_rule=spec.scale_rule, pad=spec.pad)
   # |w| / 2^s by exponent arithmetic (float division would flush tiny values on CPU).
   bits = jax.lax.bitcast_convert_type(w, jnp.uint32) & np.uint32(0x7FFFFFFF)

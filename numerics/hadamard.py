@@ -1,6 +1,6 @@
 """Blockwise (randomized) Hadamard transforms and their inverses.
 
-Along ``axis``, every block of ``block_size`` consecutive entries ``v`` becomes
+Along ``axis``, every block of ``block_shape`` consecutive entries ``v`` becomes
 ``R v`` with the orthonormal matrix
 
     R = (1/sqrt(b)) * H_b * diag(s) * P
@@ -20,6 +20,7 @@ Computed in float32 with ``Precision.HIGHEST``; the result has ``x``'s dtype.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,38 +30,43 @@ import numpy as np
 @functools.lru_cache(maxsize=None)
 def hadamard_matrix(n: int) -> np.ndarray:
   """The n x n Sylvester Hadamard matrix of +-1 (float32); ``n`` a power of two."""
-  _check_block(n)
+  n = _check_block(n)
   h = np.ones((1, 1), np.float32)
   while h.shape[0] < n:
     h = np.block([[h, h], [h, -h]])
   return h
 
 
-def _check_block(n) -> None:
-  if not isinstance(n, (int, np.integer)) or n < 1 or n & (n - 1):
+def _check_block(n) -> int:
+  """``n`` as an int, or ValueError unless it is a power of two (an int or a 1-tuple)."""
+  if isinstance(n, (tuple, list)) and len(n) == 1:
+    n = n[0]
+  if (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1
+      or n & (n - 1)):
     raise ValueError(f"Hadamard block size must be a power of two, got {n!r}")
+  return int(n)
 
 
-def random_hadamard_matrix(key: jax.Array, block_size: int = 32, *,
-                           permute: bool = True) -> jax.Array:
-  """The orthonormal ``(block_size, block_size)`` float32 matrix ``R`` for ``key``."""
-  _check_block(block_size)
+def random_hadamard_matrix(size: int, *, key: jax.Array, permute: bool = True
+                           ) -> jax.Array:
+  """The orthonormal ``(size, size)`` float32 matrix ``R`` for ``key``."""
+  size = _check_block(size)
   k_sign, k_perm = jax.random.split(key)
-  signs = jax.random.rademacher(k_sign, (block_size,), dtype=jnp.float32)
-  h = jnp.asarray(hadamard_matrix(block_size)) * np.float32(1.0 / np.sqrt(block_size))
+  signs = jax.random.rademacher(k_sign, (size,), dtype=jnp.float32)
+  h = jnp.asarray(hadamard_matrix(size)) * np.float32(1.0 / np.sqrt(size))
   hd = h * signs[None, :]
   if not permute:
     return hd
-  perm = jax.random.permutation(k_perm, block_size)
+  perm = jax.random.permutation(k_perm, size)
   # (H D P)[:, j] = (H D)[:, k] where perm[k] = j.
   inv = jnp.argsort(perm)
   return hd[:, inv]
 
 
-def apply_blockwise(x: jax.Array, r: jax.Array, block_size: int, axis: int
-                    ) -> jax.Array:
-  """``r @ block`` for every ``block_size`` block of ``x`` along ``axis`` (x's dtype)."""
+def apply_blockwise(x: jax.Array, r: jax.Array, axis: int) -> jax.Array:
+  """``r @ block`` for every ``r.shape[0]``-long block of ``x`` along ``axis`` (x's dtype)."""
   x = jnp.asarray(x)
+  block = r.shape[0]
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"Hadamard transform expects a float array, got {x.dtype}")
   if x.ndim == 0:
@@ -69,38 +75,44 @@ def apply_blockwise(x: jax.Array, r: jax.Array, block_size: int, axis: int
     raise ValueError(f"axis {axis} out of range for shape {x.shape}")
   axis %= x.ndim
   n = x.shape[axis]
-  if n % block_size:
+  if n % block:
     raise ValueError(f"axis {axis} of shape {x.shape} has length {n}, not divisible "
-                     f"by the Hadamard block size {block_size}")
+                     f"by the Hadamard block size {block}")
   xm = jnp.moveaxis(x.astype(jnp.float32), axis, 0)
   rest = xm.shape[1:]
-  xb = xm.reshape(n // block_size, block_size, -1)
+  # Explicit sizes: a -1 cannot be inferred when the array is empty.
+  xb = xm.reshape(n // block, block, math.prod(rest))
   y = jnp.einsum("ij,njk->nik", r, xb, precision=jax.lax.Precision.HIGHEST)
   return jnp.moveaxis(y.reshape((n,) + rest), 0, axis).astype(x.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=('block_size', 'axis', 'permute'))
-def random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
+@functools.partial(jax.jit, static_argnames=("block_shape", "axis", "permute", "inverse"))
+def _rht(x, key, *, block_shape, axis, permute, inverse):
+  r = random_hadamard_matrix(block_shape, key=key, permute=permute)
+  return apply_blockwise(x, r.T if inverse else r, axis)
+
+
+def random_hadamard(x: jax.Array, *, key: jax.Array, block_shape: int = 32,
                     axis: int = 0, permute: bool = True) -> jax.Array:
-  """Applies ``R`` (see module docstring) to every ``block_size`` block along ``axis``.
+  """Applies ``R`` (see module docstring) to every ``block_shape`` block along ``axis``.
 
   Args:
-    x: float array; ``x.shape[axis]`` must be a multiple of ``block_size``.
+    x: float array; ``x.shape[axis]`` must be a multiple of ``block_shape``.
     key: PRNG key drawing the signs and permutation.
-    block_size: a power of two (ALTO: 32, NVFP4 recipes: 16).
+    block_shape: the transform's size, a power of two (ALTO: 32, NVFP4 recipes: 16).
     axis: transformed axis (0: the token axis of a (tokens, features) operand).
     permute: include the random permutation (ALTO) or signs only.
 
   Returns:
-    Array of x's shape and dtype.
+    Array of x's shape and dtype. Linear, so its gradient is ``R^T`` applied to the
+    cotangent (autodiff).
   """
-  return apply_blockwise(x, random_hadamard_matrix(key, block_size, permute=permute),
-                          block_size, axis)
+  return _rht(x, key, block_shape=_check_block(block_shape), axis=int(axis),
+              permute=bool(permute), inverse=False)
 
 
-@functools.partial(jax.jit, static_argnames=('block_size', 'axis', 'permute'))
-def inverse_random_hadamard(x: jax.Array, key: jax.Array, *, block_size: int = 32,
+def inverse_random_hadamard(x: jax.Array, *, key: jax.Array, block_shape: int = 32,
                             axis: int = 0, permute: bool = True) -> jax.Array:
   """The inverse of :func:`random_hadamard` with the same key and layout (``R^T``)."""
-  r = random_hadamard_matrix(key, block_size, permute=permute)
-  return apply_blockwise(x, r.T, block_size, axis)
+  return _rht(x, key, block_shape=_check_block(block_shape), axis=int(axis),
+              permute=bool(permute), inverse=True)

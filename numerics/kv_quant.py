@@ -351,6 +351,8 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
     raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
   if spec.needs_key and key is None:
     raise ValueError("stochastic rounding needs a PRNG key at every write")
+  if not spec.needs_key:
+    key = None  # a key is "unused otherwise": the casts refuse one they would ignore
   x = x.astype(jnp.float32)
   if spec.fmt != "fp32":
     x = lax.stop_gradient(x)  # zero gradient: see the module docstring
@@ -368,7 +370,7 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
     scales = put(scales, blk, at4)
     tensor_scales = put(tensor_scales, ts, (0, start))
   elif spec.is_mx:
-    q = blockscale.quantize_mx(x, spec.fmt, block_size=spec.mx_block, axis=-1,
+    q = blockscale.quantize_mx(x, spec.fmt, block_shape=spec.mx_block, axis=-1,
                                scale_rule=spec.mx_scale_rule, rounding=spec.rounding,
                                key=key, rand_bits=spec.rand_bits)
     codes = q.codes

@@ -20,15 +20,15 @@ from jax import lax
 from numerics import blockscale
 
 
-def macro_block_scales(x: jax.Array, fmt_max: float, *, block_size: int | None = None,
-                       axis: int | Sequence[int] = -1,
-                       block_shape: Sequence[int] | None = None, pad: bool = False
+def macro_block_scales(x: jax.Array, fmt_max: float, *,
+                       block_shape: int | Sequence[int] | None = None,
+                       axis: int | Sequence[int] | None = None, pad: bool = False
                        ) -> jax.Array:
   """float32 ``S`` per element (x's shape): ``amax(macro block) / fmt_max`` (1 at 0)."""
   if not fmt_max > 0:
     raise ValueError(f"fmt_max must be > 0, got {fmt_max}")
   bits = blockscale.block_amax_bits(jnp.asarray(x).astype(jnp.float32),
-                                   block_size=block_size, axis=axis,
-                                   block_shape=block_shape, pad=pad, finite_only=True)
+                                   block_shape=block_shape, axis=axis, pad=pad,
+                                   finite_only=True)
   amax = lax.bitcast_convert_type(bits, jnp.float32)
   return jnp.where(amax > 0, amax / fmt_max, 1.0).astype(jnp.float32)

@@ -51,7 +51,7 @@ def snr(recipe: str | recipes_lib.Recipe, *, tokens: int = 2048, k: int = 1024,
     x = outlier_data(kx, lead + (tokens, k), outlier_rate)
     w = outlier_data(kw, lead + (k, n), outlier_rate)
     g = outlier_data(kg, lead + (tokens, n), outlier_rate)
-    f = lambda x, w: qdot.quantized_dot_general(x, w, dn, r, kq,
+    f = lambda x, w: qdot.quantized_dot_general(x, w, dn, r, key=kq,
                                            preferred_element_type=jnp.float32)
     out, vjp = jax.vjp(f, x, w)
     dx, dw = vjp(g)

@@ -18,9 +18,22 @@ Randomness (stochastic rounding and Hadamard transforms) comes from ``key``:
 ``fold_in(k_g, 0)`` for the Hadamard transform, ``fold_in(k_g, 1)`` for the lhs and
 ``fold_in(k_g, 2)`` for the rhs quantizer. Operands are quantized in float32,
 multiplied in the recipe's compute dtype (exact for MX values) and accumulated in
-float32; the output takes ``preferred_element_type`` if given, else lhs's dtype.
-A recipe that quantizes nothing (``bf16``) is exactly a plain ``lax.dot_general`` of
-operands cast to the compute dtype.
+float32 (or in an emulated narrower accumulator, ``GemmRecipe.accumulation``); the
+output takes ``preferred_element_type`` if given, else lhs's dtype. A recipe that
+quantizes nothing is exactly a plain ``lax.dot_general`` of operands cast to the
+compute dtype (``fp32`` at ``Precision.HIGHEST`` unless ``precision`` is given).
+
+State and telemetry (:func:`quantized_dot_general_with_state`): a recipe with
+delayed-scaling operands (:mod:`numerics.delayed_scaling`) keeps an amax history per
+such operand, and telemetry (:mod:`numerics.telemetry`) reports each quantized
+operand's saturation, underflow, scale clamping and SQNR. Both live in a ``state``
+pytree (:func:`init_state`) that the caller carries. Forward operands' telemetry is
+returned with the output; the next delayed-scaling state and the backward operands'
+telemetry exist only once the backward pass ran, so they come back as the *gradient of
+the state* (``jax.grad`` w.r.t. ``state`` returns the next state: replace the state
+with it, never apply it as an update). This is Flax's ``_overwrite_with_gradient``
+convention (``flax.linen.fp8_ops``), which Transformer Engine's JAX delayed scaling
+uses too.
 """
 
 from __future__ import annotations
@@ -34,19 +47,25 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from numerics import accumulation as accumulation_lib
 from numerics import blockscale
 from numerics import clipping
+from numerics import delayed_scaling
 from numerics import dge
 from numerics import formats as formats_lib
+from numerics import gradients
 from numerics import hadamard as hadamard_lib
 from numerics import kernels
 from numerics import macro_scaling
 from numerics import recipes as recipes_lib
+from numerics import telemetry as telemetry_lib
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
                          tuple[tuple[int, ...], tuple[int, ...]]]
+State = dict[str, Any]
 
 FORWARD, DGRAD, WGRAD = 0, 1, 2
+_COMPUTE = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
 
 
 def _gemm_keys(key, gemm: int):
@@ -57,28 +76,51 @@ def _gemm_keys(key, gemm: int):
 
 
 def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
-                      contract_axis: int, free_axis: int, key) -> jax.Array:
-  """float32 fake-quantized operand (or x in float32 when ``op`` is None).
+                      contract_axis: int, free_axis: int, key, *,
+                      delayed: delayed_scaling.DelayedScalingState | None = None,
+                      telemetry: bool = False):
+  """(float32 fake-quantized operand, its telemetry or None, its amax or None).
 
-  Still multiplied by ``op.prescale``: the GEMM divides the prescales out of its
-  output, so the operands it multiplies stay exact quantized values.
+  ``x`` in float32 when ``op`` is None. Still multiplied by ``op.prescale``: the GEMM
+  divides the prescales out of its output, so the operands it multiplies stay exact
+  quantized values. ``delayed`` is the operand's state for ``scaling="delayed"``, whose
+  amax is returned for the state update.
   """
   x = x.astype(jnp.float32)
   if op is None:
-    return x
-  spec = op.spec(contract_axis, free_axis)
+    return x, None, None
+  key = key if op.rounding == "stochastic" else None
   if op.prescale != 1.0:
     x = x * np.float32(op.prescale)
+  if op.scaling == "delayed":
+    if delayed is None:
+      raise ValueError("a delayed-scaling operand needs its state: use "
+                       "quantized_dot_general_with_state")
+    q = delayed_scaling.quantize_dequantize(x, delayed, op.fmt, rounding=op.rounding,
+                                            key=key, rand_bits=op.rand_bits)
+    tel = (telemetry_lib.scaled_telemetry(x, q, delayed.scale, op.fmt)
+           if telemetry else None)
+    return q, tel, delayed_scaling.amax(x)
+  spec = op.spec(contract_axis, free_axis)
+  x_in = x
   if op.clip == "rms":
     x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
   # The fused Pallas kernel on GPU/TPU where the spec allows (same bits), else jnp;
   # the rule and its NUMERICS_KERNELS override: numerics.kernels.dispatch.
   if op.macro_block is None:
-    return kernels.quantize_dequantize(x, spec, key)
+    q = kernels.quantize_dequantize(x, spec, key=key)
+    tel = telemetry_lib.spec_telemetry(x_in, q, spec) if telemetry else None
+    return q, tel, None
   fmt_max = float(formats_lib.get(op.fmt).max)
   s = macro_scaling.macro_block_scales(
       x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
-  return kernels.quantize_dequantize(x / s, spec, key) * s
+  q_in_macro = kernels.quantize_dequantize(x / s, spec, key=key)
+  q = q_in_macro * s
+  tel = None
+  if telemetry:
+    tel = telemetry_lib.spec_telemetry(x / s, q_in_macro, spec)
+    tel = tel._replace(sqnr_db=telemetry_lib.spec_telemetry(x_in, q, spec).sqnr_db)
+  return q, tel, None
 
 
 def _prescale(op: recipes_lib.OperandQuant | None) -> float:
@@ -96,32 +138,53 @@ def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: 
   """Applies the same RHT along the contraction axis of both operands (zero-padded)."""
   a = blockscale.pad_to_multiple(a, (axis_a,), (block,))
   b = blockscale.pad_to_multiple(b, (axis_b,), (block,))
-  r = hadamard_lib.random_hadamard_matrix(key, block)
-  return (hadamard_lib.apply_blockwise(a, r, block, axis_a),
-          hadamard_lib.apply_blockwise(b, r, block, axis_b))
+  r = hadamard_lib.random_hadamard_matrix(block, key=key)
+  return (hadamard_lib.apply_blockwise(a, r, axis_a),
+          hadamard_lib.apply_blockwise(b, r, axis_b))
 
 
 def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,
                   axes_a: tuple[int, int], axes_b: tuple[int, int], keys
                   ) -> tuple[jax.Array, jax.Array]:
-  """Quantized float32 operands of one GEMM per its recipe.
+  """Quantized float32 operands of one GEMM per its recipe (no delayed scaling).
 
   ``axes_a``/``axes_b`` are (contraction, free) axes of each operand; ``keys`` the
   (hadamard, lhs, rhs) keys. Exposed so tests and tools can reproduce a GEMM by hand.
   With static clipping the operands are still multiplied by their prescales (divide
   the GEMM's output by ``prescale_lhs * prescale_rhs``).
   """
+  (aq, _, _), (bq, _, _) = _gemm_operands(a, b, gemm, axes_a, axes_b, keys, {}, False,
+                                          "")
+  return aq, bq
+
+
+def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name):
+  """((a_q, a telemetry, a amax), (b_q, ...)) of the GEMM called ``name``."""
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
   if gemm.hadamard is not None:
     a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0])
-  return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1]),
-          _quantize_operand(b, gemm.rhs, *axes_b, keys[2]))
+  return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
+                            delayed=delayed.get(f"{name}/lhs")),
+          _quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,
+                            delayed=delayed.get(f"{name}/rhs")))
 
 
-def _mm(a, b, spec: str, compute_dtype) -> jax.Array:
-  return jnp.einsum(spec, a.astype(compute_dtype), b.astype(compute_dtype),
-                    preferred_element_type=jnp.float32,
+# Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation).
+_FWD_MM = ("bmk,bkn->bmn", (0, 1, 2), (0, 1, 2))
+_DGRAD_MM = ("bmn,bkn->bmk", (0, 1, 2), (0, 2, 1))
+_WGRAD_MM = ("bmk,bmn->bkn", (0, 2, 1), (0, 1, 2))
+
+
+def _mm(a, b, mm, compute_dtype: str,
+        accumulation: accumulation_lib.Accumulation | None) -> jax.Array:
+  dtype = _COMPUTE[compute_dtype]
+  a, b = a.astype(dtype), b.astype(dtype)
+  spec, perm_a, perm_b = mm
+  if accumulation is not None:
+    return accumulation_lib.emulated_matmul(jnp.transpose(a, perm_a),
+                                            jnp.transpose(b, perm_b), accumulation)
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
                     precision=lax.Precision.HIGHEST)
 
 
@@ -131,49 +194,127 @@ _DO_DGRAD, _W_DGRAD = (-1, -2), (-1, -2)  # dgrad contracts N
 _X_WGRAD, _DO_WGRAD = (-2, -1), (-2, -1)  # wgrad contracts M (tokens)
 
 
-def _forward(x, w, key, recipe):
+def _record(tel: dict, amaxes: dict, name: str, results) -> None:
+  for side, (_, t, amax) in zip(("lhs", "rhs"), results):
+    if t is not None:
+      tel[f"{name}/{side}"] = t
+    if amax is not None:
+      amaxes[f"{name}/{side}"] = amax
+
+
+def _forward(x, w, key, state, recipe):
   keys = _gemm_keys(key, FORWARD)
-  xq, wq = gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys)
-  out = _mm(xq, wq, "bmk,bkn->bmn", recipe.compute_dtype)
-  return _compensate(out, recipe.forward.lhs, recipe.forward.rhs), wq
+  telemetry = "telemetry" in state
+  ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys,
+                       state.get("delayed", {}), telemetry, "forward")
+  (xq, _, _), (wq, _, _) = ops
+  tel, amaxes = {}, {}
+  _record(tel, amaxes, "forward", ops)
+  out = _mm(xq, wq, _FWD_MM, recipe.compute_dtype, recipe.forward.accumulation)
+  return _compensate(out, recipe.forward.lhs, recipe.forward.rhs), tel, wq, amaxes
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _qmatmul(x, w, key, recipe):
-  return _forward(x, w, key, recipe)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _qmatmul(x, w, key, state, recipe):
+  out, tel, _, _ = _forward(x, w, key, state, recipe)
+  return out, tel
 
 
-def _qmatmul_fwd(x, w, key, recipe):
-  out, wq = _forward(x, w, key, recipe)
-  return out, (x, w, key, wq if recipe.reuse_forward_weight else None)
+def _qmatmul_fwd(x, w, key, state, recipe):
+  out, tel, wq, amaxes = _forward(x, w, key, state, recipe)
+  return (out, tel), (x, w, key, state, wq if recipe.reuse_forward_weight else None,
+                      amaxes)
 
 
-def _qmatmul_bwd(recipe, res, g):
-  x, w, key, wq_fwd = res
-  g = g.astype(jnp.float32)
+def _qmatmul_bwd(recipe, res, cotangents):
+  x, w, key, state, wq_fwd, amaxes = res
+  g = cotangents[0].astype(jnp.float32)  # the telemetry output has no gradient
+  telemetry = "telemetry" in state
+  delayed = state.get("delayed", {})
+  tel, amaxes = {}, dict(amaxes)
   kd = _gemm_keys(key, DGRAD)
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
-    gq = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1])
-    wq, w_op = wq_fwd, recipe.forward.rhs
+    gres = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
+                             delayed=delayed.get("dgrad/lhs"))
+    ops = (gres, (wq_fwd, None, None))
+    w_op = recipe.forward.rhs
   else:
-    gq, wq = gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd)
+    ops = _gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd, delayed, telemetry,
+                         "dgrad")
     w_op = recipe.dgrad.rhs
-  dx = _compensate(_mm(gq, wq, "bmn,bkn->bmk", recipe.compute_dtype),
-                   recipe.dgrad.lhs, w_op)
+  _record(tel, amaxes, "dgrad", ops)
+  dx = _compensate(_mm(ops[0][0], ops[1][0], _DGRAD_MM, recipe.compute_dtype,
+                       recipe.dgrad.accumulation), recipe.dgrad.lhs, w_op)
   kw = _gemm_keys(key, WGRAD)
-  xq, gq2 = gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw)
-  dw = _compensate(_mm(xq, gq2, "bmk,bmn->bkn", recipe.compute_dtype),
-                   recipe.wgrad.lhs, recipe.wgrad.rhs)
+  ops = _gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw, delayed, telemetry,
+                       "wgrad")
+  _record(tel, amaxes, "wgrad", ops)
+  dw = _compensate(_mm(ops[0][0], ops[1][0], _WGRAD_MM, recipe.compute_dtype,
+                       recipe.wgrad.accumulation), recipe.wgrad.lhs, recipe.wgrad.rhs)
   if recipe.dge_k is not None:
     w_op = recipe.forward.rhs
     w_in_grid = w.astype(jnp.float32) * np.float32(w_op.prescale)
     dw = dw * dge.surrogate_derivative(w_in_grid, w_op.spec(*_W_FWD), recipe.dge_k,
                                        recipe.dge_clamp)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
-  return dx.astype(x.dtype), dw.astype(w.dtype), None
+  return dx.astype(x.dtype), dw.astype(w.dtype), None, _next_state(recipe, state, amaxes,
+                                                                   tel)
 
 
 _qmatmul.defvjp(_qmatmul_fwd, _qmatmul_bwd)
+
+
+def _next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict
+                ) -> State:
+  """The state's cotangent: the next delayed states and the backward telemetry."""
+  out = {}
+  if "delayed" in state:
+    out["delayed"] = {}
+    for slot, s in state["delayed"].items():
+      gemm, side = slot.split("/")
+      op = getattr(getattr(recipe, gemm), side)
+      out["delayed"][slot] = delayed_scaling.next_state(
+          s, amaxes[slot], op.fmt, amax_compute_algo=op.amax_compute_algo,
+          margin=op.margin)
+  if "telemetry" in state:
+    out["telemetry"] = {slot: tel[slot] for slot in state["telemetry"]}
+  return out
+
+
+def _operand_slots(recipe: recipes_lib.Recipe) -> tuple[tuple[str, str], ...]:
+  """(gemm name, side) of every operand a recipe quantizes, in forward/dgrad/wgrad
+  order (dgrad's weight is left out when it reuses the forward-quantized one)."""
+  out = []
+  for name, g in zip(recipes_lib.GEMM_NAMES, recipe.gemms):
+    for side in ("lhs", "rhs"):
+      if getattr(g, side) is None:
+        continue
+      if name == "dgrad" and side == "rhs" and recipe.reuse_forward_weight:
+        continue
+      out.append((name, side))
+  return tuple(out)
+
+
+def init_state(recipe: str | recipes_lib.Recipe, *, telemetry: bool = False) -> State:
+  """The initial state of one :func:`quantized_dot_general_with_state` call site.
+
+  ``{"delayed": {"<gemm>/<side>": DelayedScalingState}}`` for the recipe's
+  delayed-scaling operands (zero histories, scale 1) and, with ``telemetry``,
+  ``{"telemetry": {"<gemm>/<side>": OperandTelemetry}}`` zeros for the quantized
+  operands of the backward GEMMs (their telemetry comes back as the state's gradient).
+  """
+  r = recipes_lib.get(recipe)
+  state: State = {}
+  if r.delayed_operands:
+    state["delayed"] = {}
+    for slot in r.delayed_operands:
+      gemm, side = slot.split("/")
+      op = getattr(getattr(r, gemm), side)
+      state["delayed"][slot] = delayed_scaling.init_state(op.amax_history_len)
+  if telemetry:
+    state["telemetry"] = {f"{g}/{s}": telemetry_lib.zeros()
+                          for g, s in _operand_slots(r) if g != "forward"}
+  return state
 
 
 def _canonical(lhs, rhs, dimension_numbers):
@@ -198,19 +339,64 @@ def _canonical(lhs, rhs, dimension_numbers):
   return x, w, bshape + lfs + rfs
 
 
+def _check_operands(lhs, rhs):
+  lhs = jnp.asarray(lhs)
+  rhs = jnp.asarray(rhs)
+  for name, a in (("lhs", lhs), ("rhs", rhs)):
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+      raise TypeError(f"{name} must be a float array, got {a.dtype}")
+  return lhs, rhs
+
+
+def _check_state(r: recipes_lib.Recipe, state: State) -> None:
+  if not isinstance(state, dict) or set(state) - {"delayed", "telemetry"}:
+    raise ValueError(f"state must be a dict from init_state, got {type(state).__name__} "
+                     f"with keys {sorted(state) if isinstance(state, dict) else ''}")
+  have = tuple(sorted(state.get("delayed", {})))
+  if have != tuple(sorted(r.delayed_operands)):
+    raise ValueError(f"recipe {r.name!r} has delayed-scaling operands "
+                     f"{sorted(r.delayed_operands)}, the state holds {list(have)}: build "
+                     f"it with init_state(recipe)")
+
+
+def _run(lhs, rhs, dimension_numbers, r, key, state, precision, preferred_element_type):
+  lhs, rhs = _check_operands(lhs, rhs)
+  if not r.quantized:
+    cd = jnp.dtype(_COMPUTE[r.compute_dtype])
+    # A bf16 lhs gives exactly Flax's bf16 layer; a wider lhs keeps its dtype
+    # (accumulated in it) rather than silently dropping to the compute dtype.
+    if preferred_element_type is None and lhs.dtype != cd:
+      preferred_element_type = lhs.dtype
+    if precision is None and r.compute_dtype == "fp32":
+      precision = lax.Precision.HIGHEST
+    out = lax.dot_general(lhs.astype(cd), rhs.astype(cd), dimension_numbers,
+                          precision=precision,
+                          preferred_element_type=preferred_element_type)
+    return out, {}
+  if r.needs_key and key is None:
+    raise ValueError(f"recipe {r.name!r} uses stochastic rounding or a Hadamard "
+                     f"transform and needs a PRNG key")
+  out_dtype = preferred_element_type or lhs.dtype
+  x, w, out_shape = _canonical(lhs, rhs, dimension_numbers)
+  out, tel = _qmatmul(x, w, key if r.needs_key else None, state, r)
+  return out.reshape(out_shape).astype(out_dtype), tel
+
+
 def quantized_dot_general(lhs: jax.Array, rhs: jax.Array,
                           dimension_numbers: DimensionNumbers,
-                          recipe: str | recipes_lib.Recipe = "bf16",
-                          key: jax.Array | None = None, *,
-                          precision: Any = None,
+                          recipe: str | recipes_lib.Recipe = "bf16", *,
+                          key: jax.Array | None = None, precision: Any = None,
                           preferred_element_type: Any = None) -> jax.Array:
   """``lax.dot_general`` with the GEMMs quantized per ``recipe``.
 
   Args:
     lhs, rhs: float arrays (activations and weights for a layer).
     dimension_numbers: as in ``lax.dot_general``.
-    recipe: a :class:`numerics.recipes.Recipe` or its name.
-    key: PRNG key; required when the recipe uses stochastic rounding or an RHT.
+    recipe: a :class:`numerics.recipes.Recipe` or its name (one without
+      delayed-scaling operands: those need
+      :func:`quantized_dot_general_with_state`).
+    key: PRNG key; required when the recipe uses stochastic rounding or an RHT. Call
+      sites may pass one for any recipe (a recipe that draws nothing does not use it).
     precision: passed through for unquantized recipes (quantized GEMMs use HIGHEST
       on their exactly representable operands).
     preferred_element_type: output dtype (default: lhs's dtype).
@@ -219,42 +405,57 @@ def quantized_dot_general(lhs: jax.Array, rhs: jax.Array,
     ``dot_general``'s output shape; gradients flow to lhs and rhs (not to ``key``).
   """
   r = recipes_lib.get(recipe)
-  lhs = jnp.asarray(lhs)
-  rhs = jnp.asarray(rhs)
-  for name, a in (("lhs", lhs), ("rhs", rhs)):
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-      raise TypeError(f"{name} must be a float array, got {a.dtype}")
-  cd = jnp.dtype(r.compute_dtype)
-  if not r.quantized:
-    # A bf16 lhs gives exactly Flax's bf16 layer; a wider lhs keeps its dtype
-    # (accumulated in it) rather than silently dropping to the compute dtype.
-    if preferred_element_type is None and lhs.dtype != cd:
-      preferred_element_type = lhs.dtype
-    return lax.dot_general(lhs.astype(cd), rhs.astype(cd), dimension_numbers,
-                           precision=precision,
-                           preferred_element_type=preferred_element_type)
-  if r.needs_key and key is None:
-    raise ValueError(f"recipe {r.name!r} uses stochastic rounding or a Hadamard "
-                     f"transform and needs a PRNG key")
-  out_dtype = preferred_element_type or lhs.dtype
-  x, w, out_shape = _canonical(lhs, rhs, dimension_numbers)
-  out = _qmatmul(x, w, key, r)
-  return out.reshape(out_shape).astype(out_dtype)
+  if r.delayed_operands:
+    raise ValueError(f"recipe {r.name!r} has delayed-scaling operands "
+                     f"{list(r.delayed_operands)}, whose scales are state: use "
+                     f"quantized_dot_general_with_state")
+  return _run(lhs, rhs, dimension_numbers, r, key, {}, precision,
+              preferred_element_type)[0]
 
 
-def make_dot_general(recipe: str | recipes_lib.Recipe,
+def quantized_dot_general_with_state(
+    lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
+    recipe: str | recipes_lib.Recipe, state: State, *, key: jax.Array | None = None,
+    precision: Any = None, preferred_element_type: Any = None
+) -> tuple[jax.Array, dict[str, telemetry_lib.OperandTelemetry]]:
+  """:func:`quantized_dot_general` with delayed-scaling state and telemetry.
+
+  Args:
+    lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type: as
+      :func:`quantized_dot_general` (any recipe).
+    state: this call site's state from :func:`init_state` (or the previous step's
+      gradient of it).
+
+  Returns:
+    ``(output, forward telemetry)``: the telemetry is ``{"forward/lhs": ...,
+    "forward/rhs": ...}`` for the forward GEMM's quantized operands when the state was
+    built with ``telemetry=True``, else ``{}``. The gradient w.r.t. ``state`` is the
+    next state: delayed-scaling histories advanced by this step's amaxes and, with
+    telemetry, the backward GEMMs' operand telemetry (see the module docstring).
+  """
+  r = recipes_lib.get(recipe)
+  _check_state(r, state)
+  if "telemetry" in state and not r.quantized:
+    return _run(lhs, rhs, dimension_numbers, r, key, {}, precision,
+                preferred_element_type)[0], {}
+  return _run(lhs, rhs, dimension_numbers, r, key, state, precision,
+              preferred_element_type)
+
+
+def make_dot_general(recipe: str | recipes_lib.Recipe, *,
                      key: jax.Array | None = None) -> Callable[..., jax.Array]:
   """A ``lax.dot_general``-compatible callable bound to ``recipe`` and ``key``.
 
   For injection into Flax layers (``nn.Dense(dot_general=...)``) and ``jnp.einsum``
-  (``_dot_general=``).
+  (``_dot_general=``). To quantize a model you did not write, use
+  :func:`models.quantize_model` instead.
   """
   r = recipes_lib.get(recipe)
 
   def dot_general(lhs, rhs, dimension_numbers, precision=None,
                   preferred_element_type=None, **unused):
     del unused  # e.g. out_sharding, which a single-device emulation ignores
-    return quantized_dot_general(lhs, rhs, dimension_numbers, r, key,
+    return quantized_dot_general(lhs, rhs, dimension_numbers, r, key=key,
                                  precision=precision,
                                  preferred_element_type=preferred_element_type)
 
@@ -270,16 +471,20 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   recipe's scale rule, rounding, clipping and macro blocks), returned in float32 with
   any static-clipping prescale divided back out. For weight de-oscillation
   (:mod:`numerics.optim.deoscillation`). Identity (a float32 cast) when the recipe
-  leaves the forward weight unquantized. Deterministic forward roundings only.
+  leaves the forward weight unquantized. Deterministic, stateless forward weight
+  roundings only.
   """
   op = recipes_lib.get(recipe).forward.rhs
   if op is not None and op.rounding == "stochastic":
     raise ValueError("forward_weight_quantizer needs a deterministic weight rounding")
+  if op is not None and op.scaling == "delayed":
+    raise ValueError("forward_weight_quantizer needs a stateless weight quantizer; "
+                     "delayed scaling keeps state")
 
   def quantize(w: jax.Array) -> jax.Array:
     if w.ndim < 2:
       raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
-    q = _quantize_operand(w, op, *_W_FWD, None)
+    q = _quantize_operand(w, op, *_W_FWD, None)[0]
     return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
 
   return quantize

@@ -1,63 +1,89 @@
 """Tensor quantizers as data (QuantSpec) and fake quantization with a straight-through gradient.
 
-A :class:`QuantSpec` names one tensor quantizer as data: an element format with a
-block layout (OCP MX when ``fmt`` is an MX element format and a block is given,
-``nvfp4`` for NVFP4, or a plain element-wise cast when ``block_size`` and
-``block_shape`` are both ``None``), the scale rule and the rounding. Recipes
-(:mod:`numerics.recipes`) are built from these.
+A :class:`QuantSpec` names one tensor quantizer as data: an element format and a
+scaling (``block``: OCP MX when ``fmt`` is an MX element format, NVFP4 for ``nvfp4``;
+``tensor``: one float32 scale ``max / amax`` per tensor, then an element-wise cast;
+``none``: a plain element-wise cast), the block geometry, the scale rule and the
+rounding. Recipes (:mod:`numerics.recipes`) are built from these. Arguments that the
+chosen quantizer would ignore raise at construction.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Sequence
+from typing import Literal, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from numerics import blockscale
 from numerics import formats as formats_lib
+from numerics import gradients
 from numerics import random_bits as random_bits_lib
 from numerics import rounding as rounding_lib
+
+Scaling = Literal["block", "tensor", "none"]
+SCALINGS = ("block", "tensor", "none")
+_BLOCK_FORMATS = blockscale.MX_ELEMENT_FORMATS + ("nvfp4",)
 
 
 @dataclasses.dataclass(frozen=True)
 class QuantSpec:
   """One tensor quantizer (hashable, so it can be a static jit argument).
 
+  Fields are stored in canonical form (``block_shape`` a tuple, ``axis`` an int for 1D
+  blocks or a tuple for tiles), so equal quantizers compare equal.
+
   Attributes:
     fmt: element format name, or ``nvfp4``.
-    block_size: 1D block length along ``axis``; ``None`` with ``block_shape=None``
-      means an element-wise cast without scaling.
-    axis: blocked axis (or axes, with ``block_shape``).
-    block_shape: tile extents for 2D blocks, e.g. ``(32, 32)``.
-    scale_rule: MX scale rule (ignored for nvfp4 and casts).
+    block_shape: block geometry for ``block`` scaling, as in
+      :func:`numerics.quantize_mx` (default: 32 for MX, 16 for NVFP4).
+    axis: blocked axis (or axes, for tiles).
+    scaling: ``block``, ``tensor`` or ``none`` (default: ``block`` for MX element
+      formats and ``nvfp4``, ``none`` for the rest, e.g. ``bf16``).
+    scale_rule: MX scale rule (MX only).
     rounding: ``nearest``, ``stochastic`` or ``toward_zero``.
-    rand_bits: random bits per element for stochastic rounding (None: all).
-    pad: zero-pad blocked axes instead of raising.
-    rng: random-word generator for stochastic rounding.
-    saturate: for element-wise casts, clamp overflow to +-max (blocks always do).
-    tensorwise: with an element-wise cast, scale the whole tensor first by
-      ``fmt.max / amax`` (float32 "current scaling", as FP8 training recipes do), then
-      cast, then divide the scale back out.
+    rand_bits, rng: stochastic rounding's random bits per element and generator
+      (``stochastic`` only).
+    pad: zero-pad blocked axes instead of raising (``block`` only).
+    saturate: for ``none``/``tensor`` casts, clamp overflow to +-max (block formats
+      always saturate).
+    convention: NVFP4 scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
+
+  Raises:
+    ValueError: an unknown name, a non-positive block, or an argument the quantizer
+      would ignore (a block for a cast, a scale rule for NVFP4, ``rand_bits`` without
+      stochastic rounding, ...).
   """
 
   fmt: str = "e4m3"
-  block_size: int | None = 32
-  axis: int | tuple[int, ...] = -1
-  block_shape: tuple[int, ...] | None = None
+  block_shape: int | tuple[int, ...] | None = None
+  axis: int | tuple[int, ...] | None = None
+  scaling: Scaling | None = None
   scale_rule: str = "floor"
   rounding: str = "nearest"
   rand_bits: int | None = None
   pad: bool = False
   rng: str = "hash"
   saturate: bool = True
-  tensorwise: bool = False
+  convention: str = "te"
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
       formats_lib.get(self.fmt)  # raises on unknown names
+    scaling = self.scaling
+    if scaling is None:  # blocks when the format has them or a block is asked for
+      blocked = self.fmt in _BLOCK_FORMATS or self.block_shape is not None
+      scaling = "block" if blocked else "none"
+    if scaling not in SCALINGS:
+      raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    if scaling == "block" and self.fmt not in _BLOCK_FORMATS:
+      raise ValueError(f"{self.fmt!r} has no block scaling (block formats: "
+                       f"{', '.join(_BLOCK_FORMATS)}); use scaling='none' for an "
+                       f"element-wise cast")
+    if scaling != "block" and self.fmt == "nvfp4":
+      raise ValueError(f"nvfp4 is block-scaled by definition, got scaling={scaling!r}")
+    object.__setattr__(self, "scaling", scaling)
     if self.rounding not in rounding_lib.ROUNDINGS:
       raise ValueError(f"unknown rounding {self.rounding!r}; known: "
                        f"{', '.join(rounding_lib.ROUNDINGS)}")
@@ -67,84 +93,120 @@ class QuantSpec:
     if self.rng not in random_bits_lib.METHODS:
       raise ValueError(f"unknown rng {self.rng!r}; known: "
                        f"{', '.join(random_bits_lib.METHODS)}")
-    if self.block_shape is not None:
-      object.__setattr__(self, "block_shape", tuple(self.block_shape))
-    if isinstance(self.axis, list):
-      object.__setattr__(self, "axis", tuple(self.axis))
-    if self.tensorwise and not self.is_cast:
-      raise ValueError("tensorwise scaling applies to element-wise casts "
-                       "(block_size=None, block_shape=None)")
+    rounding_lib.check_rand_bits(self.rand_bits)
+    if self.rounding != "stochastic" and (self.rand_bits is not None
+                                          or self.rng != "hash"):
+      raise ValueError(f"rand_bits and rng are used by rounding='stochastic' only, got "
+                       f"rounding={self.rounding!r}")
+    if self.convention not in blockscale.NVFP4_CONVENTIONS:
+      raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
+                       f"{self.convention!r}")
+    if self.fmt != "nvfp4" and self.convention != "te":
+      raise ValueError(f"convention is an NVFP4 option, got fmt={self.fmt!r}")
+    if scaling == "block":
+      default = blockscale.NVFP4_BLOCK if self.fmt == "nvfp4" else blockscale.MX_BLOCK
+      blocks, axis = blockscale.canonical_block(self.block_shape, self.axis, default)
+      if self.fmt == "nvfp4":
+        if any(b != blockscale.NVFP4_BLOCK for b in blocks):
+          raise ValueError(f"NVFP4 blocks are {blockscale.NVFP4_BLOCK} along each blocked "
+                           f"axis, got block_shape={self.block_shape!r}")
+        if self.scale_rule != "floor":
+          raise ValueError("NVFP4 has one scale rule (its convention); scale_rule is "
+                           "for MX formats")
+      if not self.saturate:
+        raise ValueError("block-scaled formats always saturate; saturate=False applies "
+                         "to element-wise casts")
+      object.__setattr__(self, "block_shape", blocks)
+      object.__setattr__(self, "axis", axis)
+    else:
+      if self.block_shape is not None or self.axis is not None or self.pad:
+        raise ValueError(f"block_shape, axis and pad describe blocks; scaling="
+                         f"{scaling!r} has none")
+      if self.scale_rule != "floor":
+        raise ValueError(f"scale_rule is an MX option, got scaling={scaling!r}")
 
   @property
   def is_cast(self) -> bool:
-    return self.fmt != "nvfp4" and self.block_size is None and self.block_shape is None
+    """An element-wise cast (``tensor`` or ``none`` scaling), not a block quantizer."""
+    return self.scaling != "block"
+
+  @property
+  def tensorwise(self) -> bool:
+    return self.scaling == "tensor"
 
   @property
   def needs_key(self) -> bool:
     return self.rounding == "stochastic"
 
 
-def quantize(x: jax.Array, spec: QuantSpec, key: jax.Array | None = None
+def _check_key(spec: QuantSpec, key) -> None:
+  if spec.needs_key and key is None:
+    raise ValueError("rounding='stochastic' needs a PRNG key")
+  if not spec.needs_key and key is not None:
+    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
+                     f"{spec.rounding!r}")
+
+
+def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
              ) -> blockscale.QuantizedArray:
-  """Block-quantizes ``x`` per ``spec`` (MX or NVFP4; not for element-wise casts)."""
+  """Block-quantizes ``x`` per ``spec`` (MX or NVFP4; not for element-wise casts).
+
+  Not differentiable (integer codes); see :func:`quantize_dequantize`.
+  """
   if spec.is_cast:
     raise ValueError(f"spec {spec} is an element-wise cast, not a block quantizer")
+  _check_key(spec, key)
+  stochastic = dict(key=key, rand_bits=spec.rand_bits, rng=spec.rng) \
+      if spec.needs_key else {}
   if spec.fmt == "nvfp4":
     return blockscale.quantize_nvfp4(
-        x, axis=spec.axis, block_shape=spec.block_shape, rounding=spec.rounding,
-        key=key, rand_bits=spec.rand_bits, pad=spec.pad, rng=spec.rng)
+        x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+        pad=spec.pad, convention=spec.convention, **stochastic)
   return blockscale.quantize_mx(
-      x, spec.fmt, block_size=spec.block_size, axis=spec.axis,
-      block_shape=spec.block_shape, scale_rule=spec.scale_rule,
-      rounding=spec.rounding, key=key, rand_bits=spec.rand_bits, pad=spec.pad,
-      rng=spec.rng)
+      x, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
+      scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic)
 
 
-def quantize_dequantize(x: jax.Array, spec: QuantSpec,
-                        key: jax.Array | None = None) -> jax.Array:
-  """``dequantize(quantize(x))`` (or ``cast``) in float32, x's shape; no STE."""
+def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
+  """float32 ``dequantize(quantize(x))`` (or the cast) with no gradient policy."""
+  stochastic = dict(key=key, rand_bits=spec.rand_bits, rng=spec.rng) \
+      if spec.needs_key else {}
+  x32 = jnp.asarray(x).astype(jnp.float32)
   if spec.is_cast:
-    x32 = jnp.asarray(x).astype(jnp.float32)
     scale = tensor_scale(x32, spec.fmt) if spec.tensorwise else None
-    y = rounding_lib.cast(
+    y = jax.lax.stop_gradient(rounding_lib.cast(
         x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
-        key=key, saturate=spec.saturate, rand_bits=spec.rand_bits, rng=spec.rng)
+        saturate=spec.saturate, **stochastic))
     return y if scale is None else y / scale
   if spec.fmt == "nvfp4":
-    return blockscale.dequantize(quantize(x, spec, key))
-  return blockscale.quantize_dequantize_mx(
-      x, spec.fmt, block_size=spec.block_size, axis=spec.axis,
-      block_shape=spec.block_shape, scale_rule=spec.scale_rule,
-      rounding=spec.rounding, key=key, rand_bits=spec.rand_bits, pad=spec.pad,
-      rng=spec.rng)
+    return jax.lax.stop_gradient(blockscale.quantize_dequantize_nvfp4(
+        x32, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+        pad=spec.pad, convention=spec.convention, **stochastic))
+  return jax.lax.stop_gradient(blockscale.quantize_dequantize_mx(
+      x32, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
+      scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic))
+
+
+def quantize_dequantize(x: jax.Array, spec: QuantSpec, *,
+                        key: jax.Array | None = None) -> jax.Array:
+  """``dequantize(quantize(x))`` (or the cast) in float32, x's shape.
+
+  Gradient: straight-through (the cotangent, in x's dtype).
+  """
+  _check_key(spec, key)
+  return gradients.straight_through(lambda x, key: _qdq(x, spec, key), jnp.asarray(x),
+                                    key)
 
 
 def tensor_scale(x: jax.Array, fmt: str) -> jax.Array:
   """float32 per-tensor scale ``fmt.max / amax(x)`` over finite values (1 if amax=0)."""
   a = jnp.abs(x.astype(jnp.float32))
-  amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0))
+  amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
   scale = jnp.float32(formats_lib.get(fmt).max) / amax
   return jnp.where((amax > 0) & jnp.isfinite(scale), scale, jnp.float32(1.0))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _ste(x, key, spec):
-  return quantize_dequantize(x, spec, key).astype(x.dtype)
-
-
-def _ste_fwd(x, key, spec):
-  return _ste(x, key, spec), None
-
-
-def _ste_bwd(spec, _, g):
-  del spec
-  return g, None
-
-
-_ste.defvjp(_ste_fwd, _ste_bwd)
-
-
-def fake_quant_spec(x: jax.Array, spec: QuantSpec,
+def fake_quant_spec(x: jax.Array, spec: QuantSpec, *,
                     key: jax.Array | None = None) -> jax.Array:
   """Straight-through fake quantization of ``x`` per ``spec``; returns x's dtype.
 
@@ -152,29 +214,25 @@ def fake_quant_spec(x: jax.Array, spec: QuantSpec,
   (the gradient passes through unchanged, also outside the representable range).
   """
   x = jnp.asarray(x)
-  if spec.needs_key and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  return _ste(x, key, spec)
+  _check_key(spec, key)
+  return gradients.straight_through(
+      lambda x, key: _qdq(x, spec, key).astype(x.dtype), x, key)
 
 
-def fake_quant(x: jax.Array, fmt: str = "e4m3", *, block_size: int | None = 32,
-               axis: int | Sequence[int] = -1,
-               block_shape: Sequence[int] | None = None, scale_rule: str = "floor",
+def fake_quant(x: jax.Array, fmt: str = "e4m3", *, scaling: Scaling | None = None,
+               block_shape: int | Sequence[int] | None = None,
+               axis: int | Sequence[int] | None = None, scale_rule: str = "floor",
                rounding: str = "nearest", key: jax.Array | None = None,
                rand_bits: int | None = None, pad: bool = False, rng: str = "hash",
-               saturate: bool = True) -> jax.Array:
+               saturate: bool = True, convention: str = "te") -> jax.Array:
   """``dequantize(quantize(x, ...))`` with a straight-through gradient.
 
-  ``fmt`` is an MX element format (block-scaled with ``block_size``/``block_shape``),
-  ``"nvfp4"`` (16-element E4M3-scaled blocks; ``block_size`` is ignored), or any
-  format with ``block_size=None`` for an element-wise :func:`numerics.cast`. The
-  other arguments are those of :func:`numerics.quantize_mx`. Returns x's dtype.
+  ``fmt`` is an MX element format (block-scaled, default 1x32), ``"nvfp4"`` (1x16 or
+  16x16 E4M3-scaled blocks), or any format for an element-wise cast (the default for
+  non-block formats such as ``bf16``; ``scaling="none"`` for an MX element format).
+  The other arguments are :class:`QuantSpec`'s. Returns x's dtype.
   """
-  if fmt == "nvfp4":
-    block_size = blockscale.NVFP4_BLOCK
-  spec = QuantSpec(fmt=fmt, block_size=block_size,
-                   axis=tuple(axis) if isinstance(axis, (list, tuple)) else axis,
-                   block_shape=None if block_shape is None else tuple(block_shape),
-                   scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits,
-                   pad=pad, rng=rng, saturate=saturate)
-  return fake_quant_spec(x, spec, key)
+  spec = QuantSpec(fmt=fmt, scaling=scaling, block_shape=block_shape, axis=axis,
+                   scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
+                   rng=rng, saturate=saturate, convention=convention)
+  return fake_quant_spec(x, spec, key=key)

@@ -11,19 +11,27 @@ wgrad      ``dW = X^T dO``        X       dO      tokens (M)
 =========  =====================  ======  ======  ===================
 
 Each operand of each GEMM has an :class:`OperandQuant` (or ``None``: not quantized,
-only cast to the recipe's compute dtype). ``layout="1d"`` puts blocks along that GEMM's
-contraction axis; ``layout="2d"`` uses square ``block x block`` tiles over the
-operand's (contraction, free) axes, which quantize a matrix and its transpose the same
-way. ``GemmRecipe.hadamard`` applies a randomized Hadamard transform of that block size
-to both operands along the contraction axis first (exact in real arithmetic because
-the transform is orthonormal). ``reuse_forward_weight`` feeds the forward-quantized W
+only cast to the recipe's compute dtype). Its ``block_shape`` is an int for 1D blocks
+along that GEMM's contraction axis, or ``(b_contraction, b_free)`` for tiles over the
+operand's (contraction, free) axes; square tiles quantize a matrix and its transpose the
+same way. ``scaling="tensor"`` is one float32 scale per tensor from the current amax;
+``scaling="delayed"`` is Transformer Engine's delayed scaling (a scale from an amax
+history carried between steps, :mod:`numerics.delayed_scaling`), which needs
+:func:`numerics.qdot.quantized_dot_general_with_state`. ``GemmRecipe.hadamard`` applies
+a randomized Hadamard transform of that size to both operands along the contraction
+axis first (exact in real arithmetic because the transform is orthonormal).
+``GemmRecipe.accumulation`` emulates a tensor core's limited-precision accumulator
+(:mod:`numerics.accumulation`). ``reuse_forward_weight`` feeds the forward-quantized W
 to dgrad (ALTO 1d2d: no forward/backward weight mismatch, no second quantization).
 
 Named recipes (``names()``):
 
+* ``fp32``: no quantization; float32 operands multiplied at ``Precision.HIGHEST``.
 * ``bf16``: no quantization; bf16 operands, fp32 accumulation (a plain dot_general).
 * ``fp8``: tensorwise current scaling (scale = max / amax per tensor), E4M3 for X and
   W, E5M2 for dO (Transformer Engine's HYBRID format).
+* ``fp8_delayed``: the same formats with Transformer Engine's ``DelayedScaling``
+  defaults (amax history of 1024 steps, ``max`` reduction, margin 0).
 * ``mxfp8``: OCP MXFP8, E4M3 everywhere, 1x32 blocks along each GEMM's contraction
   axis (so W and dO are re-quantized for the backward GEMMs from high precision) with
   the RCEIL scale rule, as Blackwell/TE do.
@@ -34,10 +42,12 @@ Named recipes (``names()``):
 * ``nvfp4``: NVFP4 (E2M1, 1x16 E4M3-scaled blocks + fp32 tensor scale): W in 16x16
   tiles reused in dgrad, a 16-point RHT on wgrad, SR on dO.
 
-``compute_dtype`` is the dtype of the GEMM operands after fake quantization: bf16 for
-MX recipes (their dequantized values are exact in bf16), float32 for ``fp8`` and
+``compute_dtype`` (``"bf16"`` or ``"fp32"``, the format names used everywhere) is the
+dtype of the GEMM operands after fake quantization: bf16 for MX recipes (their
+dequantized values are exact in bf16), fp32 for ``fp8``, ``fp8_delayed`` and
 ``nvfp4``, whose fp32 tensor scales make dequantized values inexact in bf16 (hardware
-applies those scales after the GEMM). Accumulation is always float32.
+applies those scales after the GEMM). Accumulation is float32 unless a GEMM emulates a
+narrower accumulator.
 
 Build a custom recipe with :class:`Recipe` directly or :func:`replace`.
 """
@@ -47,12 +57,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import numpy as np
+
+from numerics import accumulation as accumulation_lib
 from numerics import blockscale
 from numerics import formats as formats_lib
 from numerics import quantizer
 from numerics import rounding as rounding_lib
 
-Layout = Literal["1d", "2d"]
+Scaling = Literal["block", "tensor", "delayed"]
+COMPUTE_DTYPES = ("bf16", "fp32")
+_DELAYED_DEFAULTS = dict(amax_history_len=1024, amax_compute_algo="max", margin=0)
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +79,14 @@ class OperandQuant:
   """How one operand of one GEMM is quantized.
 
   Attributes:
-    fmt: element format name (an MX element format, ``bf16``/``fp16`` for plain
-      casts, or ``nvfp4``).
-    scaling: ``block`` (MX / NVFP4 block scales) or ``tensor`` (one float32 scale
-      per tensor, ``max / amax``, then an element-wise cast).
-    block: block length along the contraction axis (tile side for ``2d``).
-    layout: ``1d`` (blocks along the contraction axis) or ``2d`` (square tiles).
+    fmt: element format name (an MX element format or ``nvfp4`` for block scaling; any
+      format for ``tensor``/``delayed`` scaling).
+    scaling: ``block`` (MX / NVFP4 block scales), ``tensor`` (one float32 scale per
+      tensor, ``max / amax``, then an element-wise cast) or ``delayed`` (Transformer
+      Engine's delayed scaling: the scale comes from an amax history carried between
+      steps; see :mod:`numerics.delayed_scaling`).
+    block_shape: ``block`` only: an int (1D blocks along the contraction axis; default
+      32 for MX, 16 for NVFP4) or ``(b_contraction, b_free)`` tiles.
     scale_rule: MX scale rule (see :mod:`numerics.blockscale`).
     rounding: ``nearest`` or ``stochastic`` (or ``toward_zero``).
     rand_bits: random bits per element for stochastic rounding (None: all).
@@ -76,36 +97,66 @@ class OperandQuant:
       2.922 x its RMS before quantization, :mod:`numerics.clipping`).
     macro_block: a float32 macro-block scale above the MX scales
       (:mod:`numerics.macro_scaling`): 1 x macro_block along the contraction axis for
-      ``1d``, macro_block tiles for ``2d``; a multiple of ``block``. None: off.
+      1D blocks, macro_block tiles for 2D; a multiple of the block. None: off.
+    amax_history_len, amax_compute_algo, margin: ``delayed`` only, Transformer
+      Engine's ``DelayedScaling`` fields (history length, ``max`` or
+      ``most_recent``, and the scale's power-of-two margin).
+    convention: NVFP4's scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
   """
 
   fmt: str
-  scaling: Literal["block", "tensor"] = "block"
-  block: int = 32
-  layout: Layout = "1d"
+  scaling: Scaling = "block"
+  block_shape: int | tuple[int, ...] | None = None
   scale_rule: str = "floor"
   rounding: str = "nearest"
   rand_bits: int | None = None
   prescale: float = 1.0
   clip: Literal["none", "rms"] = "none"
   macro_block: int | None = None
+  amax_history_len: int = _DELAYED_DEFAULTS["amax_history_len"]
+  amax_compute_algo: Literal["max", "most_recent"] = _DELAYED_DEFAULTS["amax_compute_algo"]
+  margin: int = _DELAYED_DEFAULTS["margin"]
+  convention: str = "te"
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
       formats_lib.get(self.fmt)
-    if self.scaling not in ("block", "tensor"):
-      raise ValueError(f"scaling must be 'block' or 'tensor', got {self.scaling!r}")
-    if self.layout not in ("1d", "2d"):
-      raise ValueError(f"layout must be '1d' or '2d', got {self.layout!r}")
-    if self.scaling == "block" and self.fmt not in blockscale.MX_ELEMENT_FORMATS + (
-        "nvfp4",):
-      raise ValueError(f"block scaling needs an MX element format or nvfp4, got "
-                       f"{self.fmt!r}")
-    if self.fmt == "nvfp4" and self.block != blockscale.NVFP4_BLOCK:
-      raise ValueError(f"nvfp4 blocks are {blockscale.NVFP4_BLOCK} long, got "
-                       f"{self.block}")
+    if self.scaling not in ("block", "tensor", "delayed"):
+      raise ValueError(f"scaling must be 'block', 'tensor' or 'delayed', got "
+                       f"{self.scaling!r}")
+    if self.scaling == "block":
+      if self.fmt not in blockscale.MX_ELEMENT_FORMATS + ("nvfp4",):
+        raise ValueError(f"block scaling needs an MX element format or nvfp4, got "
+                         f"{self.fmt!r}")
+      default = blockscale.NVFP4_BLOCK if self.fmt == "nvfp4" else blockscale.MX_BLOCK
+      blocks, _ = blockscale.canonical_block(self.block_shape, None, default)
+      if len(blocks) > 2:
+        raise ValueError(f"an operand's block_shape is an int or (b_contraction, "
+                         f"b_free), got {self.block_shape!r}")
+      if self.fmt == "nvfp4" and any(b != blockscale.NVFP4_BLOCK for b in blocks):
+        raise ValueError(f"nvfp4 blocks are {blockscale.NVFP4_BLOCK} long, got "
+                         f"block_shape={self.block_shape!r}")
+      object.__setattr__(self, "block_shape", blocks[0] if len(blocks) == 1 else blocks)
+    else:
+      if self.fmt == "nvfp4":
+        raise ValueError(f"nvfp4 is block-scaled, got scaling={self.scaling!r}")
+      if self.block_shape is not None:
+        raise ValueError(f"block_shape describes blocks; scaling={self.scaling!r} has "
+                         f"none")
+    if self.fmt == "nvfp4" and self.scale_rule != "floor":
+      raise ValueError("nvfp4 has no MX scale rule (see convention)")
+    if self.scaling != "block" and self.scale_rule != "floor":
+      raise ValueError(f"scale_rule is an MX option, got scaling={self.scaling!r}")
+    if self.fmt != "nvfp4" and self.convention != "te":
+      raise ValueError(f"convention is an nvfp4 option, got fmt={self.fmt!r}")
+    if self.convention not in blockscale.NVFP4_CONVENTIONS:
+      raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
+                       f"{self.convention!r}")
     if self.rounding not in rounding_lib.ROUNDINGS:
       raise ValueError(f"unknown rounding {self.rounding!r}")
+    rounding_lib.check_rand_bits(self.rand_bits)
+    if self.rand_bits is not None and self.rounding != "stochastic":
+      raise ValueError("rand_bits is used by rounding='stochastic' only")
     if self.scale_rule not in blockscale.SCALE_RULES:
       raise ValueError(f"unknown scale_rule {self.scale_rule!r}")
     if not (0 < self.prescale < float("inf")):
@@ -115,43 +166,91 @@ class OperandQuant:
     mx_only = self.clip != "none" or self.macro_block is not None
     if mx_only and (self.scaling != "block" or self.fmt == "nvfp4"):
       raise ValueError("clip and macro_block apply to MX block quantizers only")
-    if self.macro_block is not None and (self.macro_block < self.block
-                                         or self.macro_block % self.block):
-      raise ValueError(f"macro_block must be a multiple of block={self.block}, got "
-                       f"{self.macro_block}")
+    if self.macro_block is not None:
+      if not _is_int(self.macro_block) or any(
+          self.macro_block < b or self.macro_block % b for b in self.block_extents):
+        raise ValueError(f"macro_block must be a multiple of block_shape="
+                         f"{self.block_shape}, got {self.macro_block}")
+    if self.scaling == "delayed":
+      if not _is_int(self.amax_history_len) or self.amax_history_len < 1:
+        raise ValueError(f"amax_history_len must be a positive int, got "
+                         f"{self.amax_history_len!r}")
+      if self.amax_compute_algo not in ("max", "most_recent"):
+        raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got "
+                         f"{self.amax_compute_algo!r}")
+      if not _is_int(self.margin) or self.margin < 0:
+        raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
+    elif any(getattr(self, k) != v for k, v in _DELAYED_DEFAULTS.items()):
+      raise ValueError(f"amax_history_len, amax_compute_algo and margin are delayed-"
+                       f"scaling options, got scaling={self.scaling!r}")
+
+  @property
+  def block_extents(self) -> tuple[int, ...]:
+    """``(b,)`` for 1D blocks, ``(b_contraction, b_free)`` for tiles, () without blocks."""
+    if self.block_shape is None:
+      return ()
+    return self.block_shape if isinstance(self.block_shape, tuple) else (self.block_shape,)
+
+  @property
+  def is_2d(self) -> bool:
+    return len(self.block_extents) == 2
 
   def blocks(self, contract_axis: int, free_axis: int, extent: int | None = None
              ) -> dict:
-    """Block layout keyword arguments (``block_size``/``axis``/``block_shape``/``pad``)
-    of this operand's blocks, or of blocks of ``extent`` (e.g. the macro blocks)."""
-    b = self.block if extent is None else extent
-    if self.layout == "2d":
-      return dict(block_size=None, axis=tuple(sorted((contract_axis, free_axis))),
-                  block_shape=(b, b), pad=True)
-    return dict(block_size=b, axis=contract_axis, block_shape=None, pad=True)
+    """Block layout keyword arguments (``block_shape``/``axis``/``pad``) of this
+    operand's blocks, or of blocks of ``extent`` (e.g. the macro blocks)."""
+    if self.is_2d:
+      shape = self.block_shape if extent is None else (extent, extent)
+      return dict(block_shape=shape, axis=(contract_axis, free_axis), pad=True)
+    b = self.block_extents[0] if extent is None else extent
+    return dict(block_shape=b, axis=contract_axis, pad=True)
 
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
-    """The :class:`QuantSpec` for an operand with these (negative) axes."""
+    """The :class:`QuantSpec` for an operand with these (negative) axes (not for
+    ``delayed`` scaling, whose scale is state)."""
+    if self.scaling == "delayed":
+      raise ValueError("a delayed-scaling operand has no stateless QuantSpec")
     if self.scaling == "tensor":
-      return quantizer.QuantSpec(fmt=self.fmt, block_size=None, rounding=self.rounding,
-                                 rand_bits=self.rand_bits, tensorwise=True)
-    return quantizer.QuantSpec(fmt=self.fmt, scale_rule=self.scale_rule,
-                               rounding=self.rounding, rand_bits=self.rand_bits,
-                               **self.blocks(contract_axis, free_axis))
+      return quantizer.QuantSpec(fmt=self.fmt, scaling="tensor", rounding=self.rounding,
+                                 rand_bits=self.rand_bits)
+    extra = (dict(convention=self.convention) if self.fmt == "nvfp4"
+             else dict(scale_rule=self.scale_rule))
+    return quantizer.QuantSpec(fmt=self.fmt, rounding=self.rounding,
+                               rand_bits=self.rand_bits,
+                               **self.blocks(contract_axis, free_axis), **extra)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmRecipe:
-  """Quantizers of one GEMM's operands (None: not quantized) and an optional RHT."""
+  """Quantizers of one GEMM's operands (None: not quantized), an optional RHT of size
+  ``hadamard`` (a power of two) and an optional emulated accumulator."""
 
   lhs: OperandQuant | None = None
   rhs: OperandQuant | None = None
   hadamard: int | None = None
+  accumulation: accumulation_lib.Accumulation | None = None
+
+  def __post_init__(self):
+    for side in ("lhs", "rhs"):
+      op = getattr(self, side)
+      if op is not None and not isinstance(op, OperandQuant):
+        raise TypeError(f"GemmRecipe.{side} must be an OperandQuant or None, got "
+                        f"{type(op).__name__}")
+    h = self.hadamard
+    if h is not None and (not _is_int(h) or h < 1 or h & (h - 1)):
+      raise ValueError(f"hadamard must be a power of two (the RHT size), got {h!r}")
+    if self.accumulation is not None and not isinstance(
+        self.accumulation, accumulation_lib.Accumulation):
+      raise TypeError(f"accumulation must be a numerics.accumulation.Accumulation, got "
+                      f"{type(self.accumulation).__name__}")
 
   @property
   def needs_key(self) -> bool:
     return self.hadamard is not None or any(
         op is not None and op.rounding == "stochastic" for op in (self.lhs, self.rhs))
+
+
+GEMM_NAMES = ("forward", "dgrad", "wgrad")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,26 +262,33 @@ class Recipe:
   dgrad: GemmRecipe = GemmRecipe()
   wgrad: GemmRecipe = GemmRecipe()
   reuse_forward_weight: bool = False
-  compute_dtype: str = "bfloat16"
+  compute_dtype: str = "bf16"
   dge_k: int | None = None
   dge_clamp: float = 3.0
 
   def __post_init__(self):
+    for name in GEMM_NAMES:
+      if not isinstance(getattr(self, name), GemmRecipe):
+        raise TypeError(f"Recipe.{name} must be a GemmRecipe, got "
+                        f"{type(getattr(self, name)).__name__}")
     if self.reuse_forward_weight:
-      if self.forward.rhs is None:
+      w = self.forward.rhs
+      if w is None:
         raise ValueError("reuse_forward_weight needs a forward weight quantizer")
       if self.dgrad.hadamard is not None:
         raise ValueError("a reused forward weight cannot take a dgrad Hadamard")
-      if self.forward.rhs.layout != "2d":
+      if not (w.is_2d and w.block_extents[0] == w.block_extents[1]):
         raise ValueError("reusing the forward weight in dgrad is only consistent with "
-                         "2d tiles (1d blocks run along K, dgrad contracts over N)")
-    if self.compute_dtype not in ("bfloat16", "float32"):
-      raise ValueError(f"compute_dtype must be bfloat16 or float32, got "
+                         "square 2D tiles (1D blocks run along K, dgrad contracts over N)")
+      if w.scaling == "delayed":
+        raise ValueError("a delayed-scaling forward weight cannot be reused in dgrad")
+    if self.compute_dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got "
                        f"{self.compute_dtype!r}")
     ops = [op for g in self.gemms for op in (g.lhs, g.rhs) if op is not None]
-    if self.compute_dtype == "bfloat16" and any(op.macro_block for op in ops):
+    if self.compute_dtype == "bf16" and any(op.macro_block for op in ops):
       raise ValueError("macro-block scaled operands are not bf16-exact: use "
-                       "compute_dtype='float32'")
+                       "compute_dtype='fp32'")
     if self.dge_k is not None:
       w = self.forward.rhs
       if (w is None or w.scaling != "block" or w.fmt == "nvfp4"
@@ -199,14 +305,21 @@ class Recipe:
 
   @property
   def quantized(self) -> bool:
-    """Whether any operand of any GEMM is quantized (or transformed)."""
+    """Whether any GEMM quantizes, transforms or emulates its accumulation."""
     return any(g.lhs is not None or g.rhs is not None or g.hadamard is not None
-               for g in self.gemms)
+               or g.accumulation is not None for g in self.gemms)
 
   @property
   def needs_key(self) -> bool:
     """Whether the recipe draws random numbers (stochastic rounding or an RHT)."""
     return any(g.needs_key for g in self.gemms)
+
+  @property
+  def delayed_operands(self) -> tuple[str, ...]:
+    """``"<gemm>/<side>"`` of every delayed-scaling operand (they carry state)."""
+    return tuple(f"{name}/{side}" for name, g in zip(GEMM_NAMES, self.gemms)
+                 for side in ("lhs", "rhs")
+                 if getattr(g, side) is not None and getattr(g, side).scaling == "delayed")
 
 
 def _mx(fmt, rule, **kw):
@@ -216,7 +329,7 @@ def _mx(fmt, rule, **kw):
 def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
   rule = "alto"
   x = _mx("e2m1", rule)
-  w = _mx("e2m1", rule, layout="2d")
+  w = _mx("e2m1", rule, block_shape=(32, 32))
   do = _mx("e2m1", rule, rounding="stochastic" if sr else "nearest")
   return Recipe(name=name,
                 forward=GemmRecipe(lhs=x, rhs=w),
@@ -226,21 +339,21 @@ def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
 
 
 def _nvfp4() -> Recipe:
-  x = OperandQuant(fmt="nvfp4", block=16)
-  w = OperandQuant(fmt="nvfp4", block=16, layout="2d")
-  do = OperandQuant(fmt="nvfp4", block=16, rounding="stochastic")
+  x = OperandQuant(fmt="nvfp4")
+  w = OperandQuant(fmt="nvfp4", block_shape=(16, 16))
+  do = OperandQuant(fmt="nvfp4", rounding="stochastic")
   return Recipe(name="nvfp4", forward=GemmRecipe(lhs=x, rhs=w),
                 dgrad=GemmRecipe(lhs=do, rhs=None),
                 wgrad=GemmRecipe(lhs=x, rhs=do, hadamard=16),
-                reuse_forward_weight=True, compute_dtype="float32")
+                reuse_forward_weight=True, compute_dtype="fp32")
 
 
-def _fp8() -> Recipe:
-  a = OperandQuant(fmt="e4m3", scaling="tensor")
-  g = OperandQuant(fmt="e5m2", scaling="tensor")
-  return Recipe(name="fp8", forward=GemmRecipe(lhs=a, rhs=a),
+def _fp8(name: str, scaling: str) -> Recipe:
+  a = OperandQuant(fmt="e4m3", scaling=scaling)
+  g = OperandQuant(fmt="e5m2", scaling=scaling)
+  return Recipe(name=name, forward=GemmRecipe(lhs=a, rhs=a),
                 dgrad=GemmRecipe(lhs=g, rhs=a), wgrad=GemmRecipe(lhs=a, rhs=g),
-                compute_dtype="float32")
+                compute_dtype="fp32")
 
 
 def _mxfp8() -> Recipe:
@@ -251,8 +364,10 @@ def _mxfp8() -> Recipe:
 
 _RECIPES: dict[str, Recipe] = {
     r.name: r for r in (
+        Recipe(name="fp32", compute_dtype="fp32"),
         Recipe(name="bf16"),
-        _fp8(),
+        _fp8("fp8", "tensor"),
+        _fp8("fp8_delayed", "delayed"),
         _mxfp8(),
         _mxfp4("mxfp4_1d2d", rht=False, sr=False),
         _mxfp4("mxfp4_rht", rht=True, sr=False),
@@ -289,7 +404,7 @@ def with_macro_blocks(recipe: str | Recipe, macro_block: int = 128) -> Recipe:
   """Macro-block scaling on every quantized operand (1 x 128 for 1d blocks, 128 x 128
   tiles for 2d), multiplied in float32."""
   r = get(recipe)
-  return dataclasses.replace(r, name=f"{r.name}+mbs", compute_dtype="float32",
+  return dataclasses.replace(r, name=f"{r.name}+mbs", compute_dtype="fp32",
                              **_map_operands(r, macro_block=macro_block))
 
 
@@ -297,6 +412,20 @@ def with_dge(recipe: str | Recipe, k: int = 5, clamp: float = 3.0) -> Recipe:
   """Differential gradient estimation on the weight gradient (:mod:`numerics.dge`)."""
   r = get(recipe)
   return dataclasses.replace(r, name=f"{r.name}+dge", dge_k=k, dge_clamp=clamp)
+
+
+def with_accumulation(recipe: str | Recipe,
+                      accumulation: accumulation_lib.Accumulation) -> Recipe:
+  """Every GEMM of ``recipe`` accumulated by the emulated limited-precision
+  ``accumulation`` (:mod:`numerics.accumulation`), e.g. Hopper FP8's ~14 fraction bits
+  promoted to float32 every 128 products (DeepSeek-V3)."""
+  if not isinstance(accumulation, accumulation_lib.Accumulation):
+    raise TypeError(f"accumulation must be a numerics.accumulation.Accumulation, got "
+                    f"{type(accumulation).__name__}")
+  r = get(recipe)
+  gemms = {name: dataclasses.replace(g, accumulation=accumulation)
+           for name, g in (("forward", r.forward), ("dgrad", r.dgrad), ("wgrad", r.wgrad))}
+  return dataclasses.replace(r, name=f"{r.name}+acc{accumulation.fraction_bits}", **gemms)
 
 
 def names() -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from jax import lax
 import numpy as np
 
 from numerics import formats as formats_lib
+from numerics import gradients as gradients_lib
 from numerics import random_bits as random_bits_lib
 
 Rounding = Literal["nearest", "stochastic", "toward_zero"]
@@ -264,7 +265,22 @@ def _round_e8m0(x, fmt, *, rounding, words, rand_bits, saturate):
   return lax.bitcast_convert_type(out, jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=('fmt', 'rounding', 'saturate', 'rand_bits', 'rng'))
+@functools.partial(jax.jit, static_argnames=("fmt", "rounding", "saturate", "rand_bits",
+                                             "rng"))
+def _cast(x, key, *, fmt, rounding, saturate, rand_bits, rng):
+  f = formats_lib.get(fmt)
+
+  def run(x, key):
+    words = None
+    if rounding == "stochastic":
+      words = random_bits_lib.random_words(key, x.shape, method=rng)
+    y = round_f32(x.astype(jnp.float32), f, rounding=rounding, words=words,
+                  rand_bits=rand_bits, saturate=saturate)
+    return y.astype(x.dtype)
+
+  return gradients_lib.straight_through(run, x, key)
+
+
 def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
          rounding: Rounding = "nearest", key: jax.Array | None = None,
          saturate: bool = True, rand_bits: int | None = None,
@@ -276,7 +292,8 @@ def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
     fmt: a format name (``numerics.formats.names()``) or Format.
     rounding: ``nearest`` (round half to even; bit-exact with ml_dtypes),
       ``stochastic`` (bit-level, unbiased; needs ``key``) or ``toward_zero``.
-    key: JAX PRNG key for ``stochastic``; the result is a pure function of it.
+    key: JAX PRNG key for ``stochastic`` (and only then); the result is a pure
+      function of it.
     saturate: clamp finite overflow to +-max (and Inf to +-max where the format has no
       Inf). ``False`` follows the format's own rule: NaN for e4m3/e8m0, Inf for
       e5m2/bf16/fp16; FP6/FP4/INT8 always saturate.
@@ -288,21 +305,28 @@ def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
 
   Returns:
     An array of ``x``'s shape and dtype whose values are exactly representable in
-    ``fmt``.
+    ``fmt``. Gradient: straight-through (the cotangent passes unchanged, as for
+    ``x.astype``), also where the value saturated.
+
+  Raises:
+    ValueError: an unknown format or rounding, ``stochastic`` without a key, or a
+      ``key``/``rand_bits``/``rng`` that a deterministic rounding would ignore.
   """
   f = formats_lib.get(fmt)
   _check_rounding(rounding)
   x = jnp.asarray(x)
   _check_input(x, f)
-  words = None
+  check_rand_bits(rand_bits)
+  if rng not in random_bits_lib.METHODS:
+    raise ValueError(f"unknown rng {rng!r}; known: {', '.join(random_bits_lib.METHODS)}")
   if rounding == "stochastic":
     if key is None:
       raise ValueError("rounding='stochastic' needs a PRNG key")
-    words = random_bits_lib.random_words(key, x.shape, method=rng)
-  check_rand_bits(rand_bits)
-  y = round_f32(x.astype(jnp.float32), f, rounding=rounding, words=words,
-                rand_bits=rand_bits, saturate=saturate)
-  return y.astype(x.dtype)
+  elif key is not None or rand_bits is not None or rng != "hash":
+    raise ValueError(f"key, rand_bits and rng are used by rounding='stochastic' only; "
+                     f"rounding={rounding!r} would ignore them")
+  return _cast(x, key, fmt=f.name, rounding=rounding, saturate=bool(saturate),
+               rand_bits=rand_bits, rng=rng)
 
 
 def check_rand_bits(rand_bits: int | None) -> None:

@@ -7,8 +7,8 @@
 
 The model is :class:`models.transformer.DecoderLM` with a top-k MoE feed-forward in every
 block; the recipe quantizes the attention projections and the grouped expert GEMMs, and
-the router, attention products and LM head stay bf16 (ALTO's convention,
-:func:`experiments.common.recipe_flag.make_model_dot_generals`). ``--recipe_options``
+the router, attention products and LM head stay bf16 (ALTO's convention, the rule list
+of :func:`experiments.common.recipe_flag.model_rules`). ``--recipe_options``
 adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
 ``with_dge``, ``with_static_clipping``, ``with_dynamic_clipping``,
 ``with_macro_blocks``); ``--deoscillation`` chains
@@ -103,7 +103,8 @@ class AltoConfig(lm.LMConfig):
   def build_recipe(self) -> recipes_lib.Recipe:
     """The base recipe with the options applied (in RECIPE_OPTIONS order)."""
     if self.recipe == "fp32":
-      raise ValueError("use bf16 as the unquantized baseline (fp32 has no Recipe)")
+      raise ValueError("ALTO's unquantized baseline is bf16 (its ablations quantize from "
+                       "bf16), not fp32")
     recipe = recipes_lib.get(self.recipe)
     options = self.option_list
     if "dge" in options:
@@ -123,8 +124,8 @@ class AltoConfig(lm.LMConfig):
         moe_capacity_factor=self.moe_capacity_factor,
         moe_balance_coef=self.moe_balance_coef)
 
-  def model_dot_generals(self) -> dict[str, Any]:
-    return recipe_flag.make_model_dot_generals(self.build_recipe())
+  def model_recipe(self) -> recipes_lib.Recipe:
+    return self.build_recipe()
 
   def optimizer(self) -> optax.GradientTransformation:
     base = lm.make_optimizer(self)

@@ -35,7 +35,7 @@ def step_time(recipe: str, repeats: int) -> float:
   cfg = transformer.TransformerConfig(vocab_size=256, d_model=_D_MODEL.value,
                                       num_layers=_LAYERS.value, num_heads=4,
                                       d_ff=4 * _D_MODEL.value, max_len=_SEQ.value)
-  model = transformer.DecoderLM(cfg, **recipe_flag.make_model_dot_generals(recipe))
+  model = recipe_flag.quantized_model(transformer.DecoderLM(cfg), recipe)
   tokens = jax.random.randint(jax.random.key(0), (_BATCH.value, _SEQ.value + 1), 0, 256)
   params = model.init(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
   opt = optax.adam(1e-3)

@@ -109,7 +109,7 @@ class FairCastConfig(rl_config.RLConfig):
     return rl_config.Exporter(
         init=lambda master: export_lib.init_export_state(master, spec),
         export=lambda master, state, key: export_lib.export(
-            master, spec, state, key if stochastic else None))
+            master, spec, state, key=key if stochastic else None))
 
   def initial_master(self, params: Any) -> Any:
     if not self.master_on_grid:

@@ -34,11 +34,13 @@ from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
-                                           restore_or_initialize, run_loop)
+from experiments.common.train_loop import (LoopSettings, TrainState, init_train_state,
+                                           make_train_step, restore_or_initialize, run_loop)
 from experiments.common.weight_inspection import make_inspector
+from models import quantization
 from models.transformer import DecoderLM, TransformerConfig, next_token_loss
 from numerics import tree_paths
+from numerics import recipes as recipes_lib
 
 EXPERIMENT = "lm"
 
@@ -49,8 +51,8 @@ class LMConfig:
 
   recipe: str = config_field(
       "bf16", "Numerics recipe of the linear projections (attention products and the LM "
-      "head stay bf16, as in ALTO): fp32, or any of numerics.recipes.names() (bf16, fp8, "
-      "mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
+      "head stay bf16, as in ALTO): any of numerics.recipes.names() (fp32, bf16, fp8, "
+      "fp8_delayed, mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
   seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.",
                            domain="[0, inf)")
   tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
@@ -85,6 +87,9 @@ class LMConfig:
                                       domain="[0, inf)")
   progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
                                          domain="(0, inf)")
+  numerics_telemetry: bool = config_field(
+      False, "Log each quantized GEMM operand's saturated / flushed / scale-clamped "
+      "fractions and SQNR under numerics/<layer>/... (costs extra passes).")
 
   def __post_init__(self):
     check_fields(self)  # every field in its declared domain
@@ -101,9 +106,13 @@ class LMConfig:
                              num_layers=self.num_layers, num_heads=self.num_heads,
                              d_ff=self.d_ff, max_len=self.seq_len)
 
-  def model_dot_generals(self) -> dict[str, Any]:
-    """``DecoderLM`` dot_general keyword arguments (the recipe and what stays bf16)."""
-    return recipe_flag.make_model_dot_generals(self.recipe)
+  def model_recipe(self) -> Any:
+    """The recipe of the projections (a name or a numerics.recipes.Recipe)."""
+    return self.recipe
+
+  def quantization_rules(self) -> tuple[quantization.Rule, ...]:
+    """``models.quantize_model`` rules: the recipe and what stays bf16."""
+    return recipe_flag.model_rules(self.model_recipe())
 
   def optimizer(self) -> optax.GradientTransformation:
     """The optimizer (see :func:`make_optimizer`)."""
@@ -139,6 +148,33 @@ def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.A
   return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
 
 
+def make_train_step_with_model_state(loss_fn, optimizer, state_metrics=None):
+  """``make_train_step`` for params ``{"params": p, OVERWRITE: s}``.
+
+  The optimizer updates ``p`` only; ``s`` (delayed-scaling histories, backward
+  telemetry: see :mod:`models.quantization`) is replaced by its gradient, which is the
+  next state. The gradient, parameter and update norms are those of ``p``; the
+  backward GEMMs' telemetry is logged under ``numerics/``.
+  TODO(lead): fold into experiments.common.train_loop.make_train_step.
+  """
+
+  def train_step(state: TrainState, batch, key):
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
+    g, next_model_state = grads["params"], grads[quantization.OVERWRITE]
+    updates, opt_state = optimizer.update(g, state.opt_state, state.params["params"])
+    params = optax.apply_updates(state.params["params"], updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(g),
+               "param_norm": optax.tree.norm(params),
+               "update_norm": optax.tree.norm(updates), **aux,
+               **quantization.telemetry_scalars(overwrite=next_model_state)}
+    if state_metrics is not None:
+      metrics.update(state_metrics(opt_state))
+    new = {"params": params, quantization.OVERWRITE: next_model_state}
+    return TrainState(state.step + 1, new, opt_state), metrics
+
+  return jax.jit(train_step, donate_argnums=(0,))
+
+
 def train_and_evaluate(config: LMConfig, options: RunOptions,
                        experiment: str = EXPERIMENT) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
@@ -160,14 +196,23 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
 
   splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
                                    config.max_chars)
-  model = DecoderLM(config.transformer_config(splits.vocab.size),
-                    **config.model_dot_generals())
+  model = quantization.quantize_model(
+      DecoderLM(config.transformer_config(splits.vocab.size)),
+      config.quantization_rules(), telemetry=config.numerics_telemetry)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)
+  # Delayed scaling (and telemetry of the backward GEMMs) keeps state in the
+  # OVERWRITE collection: the train state's params then hold {"params", OVERWRITE}.
+  stateful = quantization.OVERWRITE in jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
+                         jax.random.PRNGKey(0)))
+  telemetry = [quantization.NUMERICS] if config.numerics_telemetry else []
 
   def apply(params, inputs, key):
-    return model.apply({"params": params}, inputs, key, mutable=["losses", "metrics"])
+    variables = params if stateful else {"params": params}
+    return model.apply(variables, inputs, key,
+                       mutable=["losses", "metrics"] + telemetry)
 
   def loss_fn(params, batch, key):
     logits, sown = apply(params, batch["inputs"], key)
@@ -178,14 +223,20 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
       aux["next_token_loss"] = loss
     aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
     aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
+    aux.update(quantization.telemetry_scalars(sown.get(quantization.NUMERICS)))
     return loss + sum(jnp.sum(l) for l in sown_losses), aux
 
   @functools.partial(jax.jit, out_shardings=replicated)
   def init(key):
     init_key, loop_key = jax.random.split(key)
-    params = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
-                        jax.random.PRNGKey(0))["params"]
-    return init_train_state(params, optimizer), loop_key
+    variables = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
+                           jax.random.PRNGKey(0))
+    if not stateful:
+      return init_train_state(variables["params"], optimizer), loop_key
+    params = {"params": variables["params"],
+              quantization.OVERWRITE: variables[quantization.OVERWRITE]}
+    return TrainState(jnp.zeros((), jnp.int32), params,
+                      optimizer.init(variables["params"])), loop_key
 
   def fresh() -> Snapshot:
     state, rng = init(jax.random.PRNGKey(config.seed))
@@ -226,7 +277,8 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                                       {"experiment": experiment, "vocab_size": splits.vocab.size})
       if start.step == 0:
         writer.write_hparams(hparams_of(config), trial_id=options.run_name)
-    n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
+    model_params = start.state.params["params"] if stateful else start.state.params
+    n_params = sum(x.size for x in jax.tree.leaves(model_params))
     logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
                  n_params, splits.vocab.size, config.recipe, splits.train.size,
                  splits.validation.size)
@@ -240,12 +292,18 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                             # 3x a uniform predictor's loss: a blow-up, not noise
                             max_healthy_loss=3 * math.log(splits.vocab.size))
     t0 = time.time()
+    recipe = recipes_lib.get(config.model_recipe())
+    # A delayed-scaling recipe's weight error depends on its state: histograms only.
+    inspector = make_inspector(
+        recipe_flag.recipe_dot_general("fp32" if recipe.delayed_operands else recipe),
+        skip_prefixes=("",) if recipe.delayed_operands else ("head",),
+        skip_names=("router",))
+    make_step = make_train_step_with_model_state if stateful else make_train_step
     result = run_loop(start=start,
-                      train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics),
+                      train_step=make_step(loss_fn, optimizer, config.optimizer_metrics),
                       batch_at=batch_at, settings=settings, writer=writer,
                       checkpointer=checkpointer, evaluate=evaluate,
-                      inspect=make_inspector(model.dot_general, skip_prefixes=("head",),
-                                             skip_names=("router",)))
+                      inspect=(lambda p: inspector(p["params"])) if stateful else inspector)
     checkpointer.close()
     summary = run_summary(experiment, options, config, result, start_time=t0,
                           num_params=n_params, resumed_from_step=start.step,

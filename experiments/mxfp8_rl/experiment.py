@@ -5,7 +5,7 @@
 
 GRPO on 3-digit addition (the shared RL loop of :mod:`experiments.common.rl.loop`). The learner
 trains float32 masters under ``learner_recipe`` (its projections quantized, as
-:func:`experiments.common.recipe_flag.make_model_dot_generals`: the attention products
+:func:`experiments.common.recipe_flag.model_rules`: the attention products
 and the LM head stay bf16). At every sync the weights are exported the way a serving
 engine loads them for ``sampler_recipe``: the block projections' kernels quantized on
 the fly (MXFP8: 1 x 32 blocks along the contraction axis, E8M0 scales, RCEIL, the axis
@@ -123,10 +123,9 @@ class MXFP8RLConfig(rl_config.RLConfig):
             for pair, tol in parity_tolerances.PARITY_TOLERANCES.items()}
 
   def _model(self, recipe: str) -> DecoderLM:
-    return DecoderLM(TransformerConfig(
+    return recipe_flag.quantized_model(DecoderLM(TransformerConfig(
         vocab_size=task.VOCAB_SIZE, d_model=self.d_model, num_layers=self.num_layers,
-        num_heads=self.num_heads, d_ff=self.d_ff, max_len=MAX_LEN),
-        **recipe_flag.make_model_dot_generals(recipe))
+        num_heads=self.num_heads, d_ff=self.d_ff, max_len=MAX_LEN)), recipe)
 
   def learner_model(self) -> DecoderLM:
     return self._model(self.learner_recipe)

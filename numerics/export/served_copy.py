@@ -58,7 +58,7 @@ class ExportSpec:
     target: a format name from :mod:`numerics.formats` (``"bf16"``, ``"fp16"``,
       ``"e4m3"``, ...; not the scale format ``"e8m0"``) for an element-wise cast, or a
       :class:`numerics.quantizer.QuantSpec` for a block format, e.g. MXFP8 for an
-      ``(in, out)`` kernel: ``QuantSpec("e4m3", block_size=32, axis=0)``. The
+      ``(in, out)`` kernel: ``QuantSpec("e4m3", block_shape=32, axis=0)``. The
       QuantSpec's own ``rounding`` must be ``"nearest"`` (its default) or equal to
       ``rounding``; ``rounding`` and ``rng`` here decide.
     rounding: ``"nearest"``, ``"stochastic"`` or ``"error_feedback"``.
@@ -137,8 +137,9 @@ class ExportSpec:
     """The target QuantSpec with this spec's rounding (``rounding`` overrides)."""
     if self.is_cast:
       raise ValueError(f"target {self.target!r} is an element-wise cast")
-    return dataclasses.replace(self.target, rounding=rounding or self._quant_rounding(),
-                               rng=self.rng)
+    rounding = rounding or self._quant_rounding()
+    return dataclasses.replace(self.target, rounding=rounding,
+                               rng=self.rng if rounding == "stochastic" else "hash")
 
 
 class ExportState(NamedTuple):
@@ -178,7 +179,7 @@ def init_export_state(master: Any, spec: ExportSpec) -> ExportState:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def export(master: Any, spec: ExportSpec, state: ExportState,
+def export(master: Any, spec: ExportSpec, state: ExportState, *,
            key: jax.Array | None = None) -> tuple[Any, ExportState]:
   """Exports float32 master weights to the served copy (pure, jitted).
 
@@ -252,14 +253,15 @@ def _export_leaf(w, spec, key, residual):
       q, r = rounding_lib.error_feedback(w, residual, f)
       r = _reset_residual(r, w + residual, f.max)
     else:
-      q, r = rounding_lib.cast(w, f, rounding=spec.rounding, key=key,
-                               rng=spec.rng), None
+      stochastic = (dict(key=key, rng=spec.rng) if spec.rounding == "stochastic"
+                    else {})
+      q, r = rounding_lib.cast(w, f, rounding=spec.rounding, **stochastic), None
     return q.astype(spec.served_dtype), r
   if spec.rounding == "error_feedback":
     target = w + residual
     q = quantizer_lib.quantize_dequantize(target, spec.quant_spec("nearest"))
     return q, _reset_residual(target - q, target, None)
-  return quantizer_lib.quantize_dequantize(w, spec.quant_spec(), key), None
+  return quantizer_lib.quantize_dequantize(w, spec.quant_spec(), key=key), None
 
 
 def _reset_residual(r, target, fmax):
@@ -282,7 +284,7 @@ def make_export(spec: ExportSpec) -> Export:
   check_spec(spec)
   if spec.is_stateful:
     raise ValueError(f"rounding={spec.rounding!r} is stateful (needs a key or "
-                     f"residuals); use export(master, spec, state, key)")
+                     f"residuals); use export(master, spec, state, key=key)")
 
   def export_fn(params):
     state = ExportState(residual=None, step=jnp.zeros((), jnp.int32))

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from numerics import blockscale
+from numerics import gradients
 from numerics.blockscale import MX_BLOCK
 from numerics import formats as formats_lib
 from numerics import rounding as rounding_lib
@@ -46,6 +47,9 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits):
                      f"{', '.join(rounding_lib.ROUNDINGS)}")
   if rounding == "stochastic" and key is None:
     raise ValueError("rounding='stochastic' needs a PRNG key")
+  if rounding != "stochastic" and (key is not None or rand_bits is not None):
+    raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
+                     f"rounding={rounding!r} would ignore them")
   rounding_lib.check_rand_bits(rand_bits)
   x = jnp.asarray(x)
   if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
@@ -67,6 +71,13 @@ def _qdq_body(x, words, scalars, *, f, axis, scale_rule, rounding, rand_bits):
                                                  rounding, w, rand_bits),)
 
 
+def _stochastic(rounding, key, rand_bits) -> dict:
+  """The jnp path's stochastic-rounding arguments (none for deterministic rounding)."""
+  if rounding != "stochastic":
+    return {}
+  return dict(key=key, rand_bits=rand_bits, rng="hash")
+
+
 _STATIC = ("fmt", "scale_rule", "rounding", "rand_bits", "tile", "impl", "interpret_as")
 
 
@@ -76,9 +87,9 @@ def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, rand_bits, tile, impl,
   f = formats_lib.get(fmt)
 
   def jnp_fn(xp, key):
-    q = blockscale.quantize_mx(xp, f, block_size=MX_BLOCK, axis=-1,
-                               scale_rule=scale_rule, rounding=rounding, key=key,
-                               rand_bits=rand_bits, rng="hash")
+    q = blockscale.quantize_mx(xp, f, block_shape=MX_BLOCK, axis=-1,
+                               scale_rule=scale_rule, rounding=rounding,
+                               **_stochastic(rounding, key, rand_bits))
     return q.codes, q.scales
 
   def kernel_fn(variant, interpret, xp, key):
@@ -145,8 +156,8 @@ def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, rand_bits, tile, impl,
 
   def jnp_fn(xp, key):
     return blockscale.quantize_dequantize_mx(
-        xp, f, block_size=MX_BLOCK, axis=axis, scale_rule=scale_rule,
-        rounding=rounding, key=key, rand_bits=rand_bits, rng="hash")
+        xp, f, block_shape=MX_BLOCK, axis=axis, scale_rule=scale_rule,
+        rounding=rounding, **_stochastic(rounding, key, rand_bits))
 
   def kernel_fn(variant, interpret, xp, key):
     x2, axis2 = blockwise.as_2d(xp, axis)
@@ -179,15 +190,15 @@ def mx_quantize_dequantize(x: jax.Array, fmt: str = "e4m3", *, axis: int = -1,
     Others: as :func:`mx_quantize`.
 
   Returns:
-    float32, x's shape. No gradient is defined (use it inside a straight-through
-    estimator, as :mod:`numerics.qdot` does).
+    float32, x's shape. Gradient: straight-through (:mod:`numerics.gradients`).
   """
   f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits)
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, MX_BLOCK, pad)
-  out = _mx_qdq(xp, key if rounding == "stochastic" else None, fmt=f.name, axis=ax,
-                scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits,
-                tile=None if tile is None else tuple(tile), impl=impl,
-                interpret_as=dispatch.check_variant(interpret_as))
+  run = lambda xp, key: _mx_qdq(
+      xp, key, fmt=f.name, axis=ax, scale_rule=scale_rule, rounding=rounding,
+      rand_bits=rand_bits, tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as))
+  out = gradients.straight_through(run, xp, key if rounding == "stochastic" else None)
   return out[tuple(slice(0, d) for d in x.shape)]

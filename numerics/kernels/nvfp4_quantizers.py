@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from numerics import blockscale
+from numerics import gradients
 from numerics.blockscale import NVFP4_BLOCK
 from numerics import rounding as rounding_lib
 from numerics.kernels import blockwise
@@ -36,6 +37,9 @@ def _check(x, rounding, key, rand_bits):
                      f"{', '.join(rounding_lib.ROUNDINGS)}")
   if rounding == "stochastic" and key is None:
     raise ValueError("rounding='stochastic' needs a PRNG key")
+  if rounding != "stochastic" and (key is not None or rand_bits is not None):
+    raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
+                     f"rounding={rounding!r} would ignore them")
   rounding_lib.check_rand_bits(rand_bits)
   x = jnp.asarray(x)
   if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
@@ -64,8 +68,9 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
 
   def jnp_fn(xp, key, s_enc, inv_s_enc):
     del s_enc, inv_s_enc
-    q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding, key=key,
-                                  rand_bits=rand_bits, rng="hash")
+    stochastic = (dict(key=key, rand_bits=rand_bits, rng="hash")
+                  if rounding == "stochastic" else {})
+    q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding, **stochastic)
     if dequantize:
       return blockscale.dequantize(q)
     return q.codes, q.scales
@@ -140,13 +145,16 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
   Args:
     x: float32/bfloat16/float16; 1x16 blocks along ``axis`` (last or second-to-last).
     Others: as :func:`nvfp4_quantize`.
+
+  Gradient: straight-through (:mod:`numerics.gradients`).
   """
   x = _check(x, rounding, key, rand_bits)
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
-  out, _ = _nvfp4(xp, key if rounding == "stochastic" else None, axis=ax,
-                  rounding=rounding, rand_bits=rand_bits,
-                  tile=None if tile is None else tuple(tile), impl=impl,
-                  interpret_as=dispatch.check_variant(interpret_as), dequantize=True)
+  run = lambda xp, key: _nvfp4(
+      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
+      tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as), dequantize=True)[0]
+  out = gradients.straight_through(run, xp, key if rounding == "stochastic" else None)
   return out[tuple(slice(0, d) for d in x.shape)]

@@ -8,7 +8,8 @@ every 1D operand layout of :mod:`numerics.qdot`'s canonical GEMMs -- with the ``
 generator for stochastic rounding) and the dispatch rule picks Pallas
 (:mod:`numerics.kernels.dispatch`: by default on GPU/TPU hosts; ``NUMERICS_KERNELS``
 overrides it). Everything else -- 2D tiles, element-wise casts, tensorwise scaling,
-the ``threefry`` generator, and the CPU by default -- runs the jnp path unchanged. The
+the ``threefry`` generator, NVFP4's ``torchao`` convention (no kernel: it routes to the
+jnp path explicitly), and the CPU by default -- runs the jnp path unchanged. The
 result is the same bits either way (tested).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import jax
 
 from numerics import blockscale
+from numerics import gradients
 from numerics import quantizer
 from numerics.kernels import dispatch
 from numerics.kernels import mx_quantizers
@@ -25,39 +27,46 @@ from numerics.kernels import nvfp4_quantizers
 
 def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
   """Whether a fused kernel implements ``spec`` for an ``ndim``-d operand."""
-  if spec.is_cast or spec.block_shape is not None or spec.rng != "hash":
+  if spec.is_cast or len(spec.block_shape) != 1 or spec.rng != "hash":
     return False
   if isinstance(spec.axis, tuple) or not -ndim <= spec.axis < ndim:
     return False
   if spec.axis % ndim not in (ndim - 1, ndim - 2):
     return False
   if spec.fmt == "nvfp4":
-    return True  # NVFP4 blocks are always 16 long (QuantSpec.block_size is ignored)
-  return (spec.block_size == blockscale.MX_BLOCK
+    return spec.convention == "te"  # torchao's convention has no kernel (jnp path)
+  return (spec.block_shape == (blockscale.MX_BLOCK,)
           and spec.fmt in blockscale.MX_ELEMENT_FORMATS)
 
 
-def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec,
-                        key: jax.Array | None = None, *,
+def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
+                        key: jax.Array | None = None,
                         use_kernel: bool | None = None, interpret: bool = False,
                         interpret_as: str = dispatch.GPU) -> jax.Array:
   """float32 ``dequantize(quantize(x, spec, key))``, by a fused kernel where it applies.
 
   Same bits as :func:`numerics.quantizer.quantize_dequantize` (which runs when the
-  spec is not :func:`kernel_eligible` or the dispatch rule picks jnp). No gradient
-  (callers wrap it in a straight-through estimator). ``use_kernel``, ``interpret``,
+  spec is not :func:`kernel_eligible` or the dispatch rule picks jnp). Gradient:
+  straight-through, as :func:`numerics.quantizer.quantize_dequantize`. ``use_kernel``, ``interpret``,
   ``interpret_as``: as :func:`numerics.kernels.mx_quantize`.
   """
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
   on_accelerator = jax.default_backend() in ("gpu", "tpu")
   if (impl == "jnp" or (impl == "auto" and not on_accelerator)
       or not kernel_eligible(spec, jax.numpy.ndim(x))):
-    return quantizer.quantize_dequantize(x, spec, key)
+    return quantizer.quantize_dequantize(x, spec, key=key)
+  if spec.needs_key and key is None:
+    raise ValueError("rounding='stochastic' needs a PRNG key")
+  if not spec.needs_key and key is not None:
+    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
+                     f"{spec.rounding!r}")
   mode = dict(use_kernel=use_kernel, interpret=interpret, interpret_as=interpret_as)
   if spec.fmt == "nvfp4":
-    return nvfp4_quantizers.nvfp4_quantize_dequantize(
+    kernel = lambda x, key: nvfp4_quantizers.nvfp4_quantize_dequantize(
         x, axis=spec.axis, rounding=spec.rounding, key=key, rand_bits=spec.rand_bits,
         pad=spec.pad, **mode)
-  return mx_quantizers.mx_quantize_dequantize(
-      x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
-      key=key, rand_bits=spec.rand_bits, pad=spec.pad, **mode)
+  else:
+    kernel = lambda x, key: mx_quantizers.mx_quantize_dequantize(
+        x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
+        key=key, rand_bits=spec.rand_bits, pad=spec.pad, **mode)
+  return gradients.straight_through(kernel, jax.numpy.asarray(x), key)

@@ -234,8 +234,8 @@ class MomentCodec:
     if self.sqrt:
       x = jnp.sqrt(x)
     if self.kind == "cast":
-      y = rounding_lib.cast(x, self.fmt, rounding=self.rounding, key=key,
-                            rand_bits=self.rand_bits)
+      y = rounding_lib.cast(x, self.fmt, rounding=self.rounding,
+                            **self._stochastic_args(key))
       return EncodedMoment(y.astype(CAST_FORMATS[self.fmt]), None, shape, self)
     n = x.size
     if self.kind == "mx":
@@ -251,6 +251,10 @@ class MomentCodec:
     else:
       codes, absmax = self._encode_scaled(x_NxB, words)
     return EncodedMoment(self._store(codes.reshape(-1)[:n]), absmax, shape, self)
+
+  def _stochastic_args(self, key: jax.Array | None) -> dict:
+    # numerics' casts refuse a key or rand_bits that nearest rounding would ignore
+    return (dict(key=key, rand_bits=self.rand_bits) if self.is_stochastic else {})
 
   def _top(self) -> float:
     if self.fmt == "int8" and self.unsigned:
@@ -277,9 +281,9 @@ class MomentCodec:
     return self._unsign(encoding.encode(e, f)), absmax
 
   def _encode_mx(self, x, key, shape):
-    q = blockscale.quantize_mx(x.reshape(-1), self.fmt, block_size=self.block_size, axis=0,
-                               scale_rule=self.scale_rule, rounding=self.rounding,
-                               key=key, rand_bits=self.rand_bits, pad=True)
+    q = blockscale.quantize_mx(x.reshape(-1), self.fmt, block_shape=self.block_size,
+                               axis=0, scale_rule=self.scale_rule, rounding=self.rounding,
+                               pad=True, **self._stochastic_args(key))
     return EncodedMoment(self._store(self._unsign(q.codes[:x.size])), q.scales, shape,
                          self)
 

@@ -58,14 +58,14 @@ def resolve_layer_plan(params: Any, default: str, keep: tuple[str, ...] = (), *,
 
 
 def served_mx_weight(w: jax.Array, axis: int, fmt: str = "e4m3", *,
-                     scale_rule: str = "rceil", block_size: int = MX_BLOCK) -> jax.Array:
+                     scale_rule: str = "rceil", block_shape: int = MX_BLOCK) -> jax.Array:
   """The MX-served weight: float32 values of ``w`` quantized-dequantized in 1 x
-  ``block_size`` blocks along the contraction ``axis`` (E8M0 scales), the axis
+  ``block_shape`` blocks along the contraction ``axis`` (E8M0 scales), the axis
   zero-padded to a multiple of the block first and cropped back after.
 
   The default rule (RCEIL) and format (E4M3) are those of the ``mxfp8`` recipe, so
   its forward GEMM re-quantizes the served weight to the same values.
   """
   w = jnp.asarray(w)
-  return blockscale.quantize_dequantize_mx(w, fmt, block_size=block_size, axis=axis % w.ndim,
+  return blockscale.quantize_dequantize_mx(w, fmt, block_shape=block_shape, axis=axis % w.ndim,
                                            scale_rule=scale_rule, pad=True)

@@ -288,8 +288,8 @@ def check_finite(served_params: Any) -> dict[str, float]:
   return {"finite_elements": float(total)}
 
 
-@functools.partial(jax.jit, static_argnames=("axis", "block_size"))
-def _block_amax_bits(x32: jax.Array, axis: int, block_size: int) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("axis", "block_shape"))
+def _block_amax_bits(x32: jax.Array, axis: int, block_shape: int) -> jax.Array:
   """uint32 magnitude bits of each element's block amax (x's shape), via
   :func:`numerics.blockscale.block_statistic` (zero padding; bits, so no FTZ)."""
 
@@ -298,7 +298,7 @@ def _block_amax_bits(x32: jax.Array, axis: int, block_size: int) -> jax.Array:
     bits = jax.lax.bitcast_convert_type(values, jnp.uint32) & np.uint32(0x7FFFFFFF)
     return jnp.max(bits, axis=axes, keepdims=True)
 
-  return blockscale.block_statistic(x32, amax, block_size=block_size, axis=axis, pad=True)
+  return blockscale.block_statistic(x32, amax, block_shape=block_shape, axis=axis, pad=True)
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "scale_rule"))
@@ -320,10 +320,10 @@ def _unclamped_codes(amax_bits: np.ndarray, fmt: str, scale_rule: str) -> np.nda
   return code.astype(np.int64) - k
 
 
-def check_mx_scales(x: jax.Array, block_size: int = MX_BLOCK, axis: int = -2,
+def check_mx_scales(x: jax.Array, block_shape: int = MX_BLOCK, axis: int = -2,
                     fmt: str = "e4m3", *, scale_rule: str = "rceil",
                     name: str = "tensor") -> dict[str, float]:
-  """An MX-served tensor is representable in MX: for each 1 x ``block_size`` block
+  """An MX-served tensor is representable in MX: for each 1 x ``block_shape`` block
   along ``axis`` (zero-padded), the E8M0 scale its amax implies under ``scale_rule``
   is a number (not the NaN code) in [2^-127, 2^127] without clamping, and every
   element divided by its block's scale is on ``fmt``'s grid with ``|v| <= max``.
@@ -343,9 +343,9 @@ def check_mx_scales(x: jax.Array, block_size: int = MX_BLOCK, axis: int = -2,
   if x32.ndim == 0:
     raise ValueError(f"{name}: MX blocks need an array with at least one axis")
   axis = axis % x32.ndim
-  amax_bits = np.asarray(_block_amax_bits(x32, axis=axis, block_size=block_size))
+  amax_bits = np.asarray(_block_amax_bits(x32, axis=axis, block_shape=block_shape))
   # Per-block values: the first element of each block along ``axis``.
-  per_block = lambda a: np.take(a, np.arange(0, x32.shape[axis], block_size), axis=axis)
+  per_block = lambda a: np.take(a, np.arange(0, x32.shape[axis], block_shape), axis=axis)
   xs = np.asarray(x32)
   poisoned = amax_bits >= 0x7F800000
   zero = amax_bits == 0
@@ -355,7 +355,7 @@ def check_mx_scales(x: jax.Array, block_size: int = MX_BLOCK, axis: int = -2,
 
   def where(m):  # the first element of each offending block (up to 4 blocks)
     starts = np.argwhere(per_block(m))[:4]
-    starts[:, axis] *= block_size
+    starts[:, axis] *= block_shape
     return ", ".join(str(tuple(int(i) for i in idx)) for idx in starts)
 
   if np.any(poisoned):

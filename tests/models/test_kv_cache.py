@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from experiments.common.recipe_flag import make_model_dot_generals
+from experiments.common.recipe_flag import quantized_model
 from models import kv_cache, sampling
 from models.transformer import DecoderLM, TransformerConfig
 from numerics import kv_quant
@@ -24,7 +24,7 @@ PROC = dict(temperature=0.9, top_k=8)
 
 @functools.lru_cache(maxsize=None)
 def _model(recipe):
-  return DecoderLM(CFG, **make_model_dot_generals(recipe))
+  return quantized_model(DecoderLM(CFG), recipe)
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.recipe_flag import make_model_dot_generals
+from experiments.common.recipe_flag import looped_rules
+from models import quantization
 from models import looped
 from models.transformer import Block, TransformerConfig
 from numerics.kv_quant import KVQuantSpec
@@ -27,11 +28,8 @@ SETTINGS = {"fp32": ("fp32", KVQuantSpec()),
 
 
 def _model(recipe, halting="threshold"):
-  dgs = make_model_dot_generals(recipe)
   loop = looped.LoopConfig(R, halting, THRESHOLD if halting == "threshold" else None)
-  return looped.LoopedLM(CFG, loop, dot_general=dgs["dot_general"],
-                         attention_dot_general=dgs["attention_dot_general"],
-                         head_dot_general=dgs["head_dot_general"])
+  return quantization.quantize_model(looped.LoopedLM(CFG, loop), looped_rules(recipe))
 
 
 @functools.lru_cache(maxsize=None)

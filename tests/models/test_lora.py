@@ -78,7 +78,7 @@ def test_zero_b_equals_the_fp32_base_model_bit_for_bit():
 
 
 @pytest.mark.parametrize("base_format,mode", [
-    ("nf4", "per_gemm"), (QuantSpec("int8", block_size=32, axis=0), "materialize")])
+    ("nf4", "per_gemm"), (QuantSpec("int8", block_shape=32, axis=0), "materialize")])
 def test_quantized_base_equals_base_model_on_dequantized_weights(base_format, mode):
   config, base, adapters = _setup(base_format=base_format, dequantize=mode)
   dequantized = jax.jit(lambda b, a: lora.merged_params(b, a, config))(base, adapters)

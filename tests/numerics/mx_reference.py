@@ -227,6 +227,53 @@ def quantize_nvfp4(x: np.ndarray, *, axis: int = -1, rounding: str = "nearest",
   return back(codes), np.moveaxis(scale_codes, -1, axis), inv, back(deq)
 
 
+def quantize_nvfp4_torchao(x: np.ndarray, *, axis: int = -1, rounding: str = "nearest",
+                           words: np.ndarray | None = None,
+                           rand_bits: int | None = None, block: int = 16
+                           ) -> tuple[np.ndarray, np.ndarray, np.float32, np.ndarray]:
+  """torchao's NVFP4 (``NVFP4Tensor.to_nvfp4`` with ``per_tensor_scale``) in NumPy.
+
+  Transcribed from torchao's ``nvfp4_quantize`` (two-level branch) and
+  ``NVFP4Tensor.dequantize``/``get_hp_scales`` (torchao/prototype/mx_formats/
+  nvfp4_tensor.py), every step a float32 operation:
+  ``per_tensor_scale = amax / (448 * 6)`` (``per_tensor_amax_to_scale``; we take 1 for
+  an all-zero tensor, where torchao divides by zero), ``block_scale = block_amax / 6``,
+  ``s = e4m3(clamp(block_scale / per_tensor_scale, E4M3_EPS = 2^-6, 448))``,
+  ``reciprocal = (1 / per_tensor_scale) / s``, elements
+  ``e2m1(clamp(x * reciprocal, -6, 6))`` (RNE, or stochastic with ``words``: an
+  extension, torchao's path rounds to nearest), decode
+  ``element * (per_tensor_scale * s)``. NaN/Inf: as :func:`quantize_nvfp4` (the
+  library's policy). Returns (element codes, scale codes, per_tensor_scale,
+  dequantized float32).
+  """
+  f32 = np.float32
+  x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+  w = None if words is None else np.moveaxis(np.asarray(words, np.uint32), axis, -1)
+  amax = f32(np.max(np.abs(x[np.isfinite(x)]), initial=0.0))
+  pts = f32(amax / f32(448.0 * 6.0))
+  if amax == 0 or pts == 0:
+    pts = f32(1.0)
+  xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+  bad = ~np.all(np.isfinite(xb), axis=-1, keepdims=True)
+  xb = np.where(bad, f32(0.0), xb)
+  max_abs = np.max(np.abs(xb), axis=-1, keepdims=True).astype(np.float32)
+  block_scale = (max_abs / f32(6.0)).astype(np.float32)
+  scaled_block_scales = (block_scale / pts).astype(np.float32)
+  s_fp8 = np.clip(scaled_block_scales, f32(2.0 ** -6), f32(448.0)).astype(
+      ml_dtypes.float8_e4m3fn)
+  s32 = s_fp8.astype(np.float32)
+  reciprocal = ((f32(1.0) / pts) / s32).astype(np.float32)
+  with np.errstate(over="ignore", invalid="ignore"):
+    data_scaled = np.clip((xb * reciprocal).astype(np.float32), f32(-6.0), f32(6.0))
+  wb = None if w is None else w.reshape(xb.shape)
+  el = round_to_grid(data_scaled, "e2m1", rounding, wb, rand_bits).astype(np.float32)
+  codes = np.where(bad, np.uint8(0), element_codes(el, "e2m1"))
+  scale_codes = np.where(bad[..., 0], np.uint8(0x7F), s_fp8[..., 0].view(np.uint8))
+  deq = np.where(bad, np.float32(np.nan), el * (pts * s32).astype(np.float32))
+  back = lambda a: np.moveaxis(a.reshape(x.shape), -1, axis)
+  return back(codes), np.moveaxis(scale_codes, -1, axis), pts, back(deq)
+
+
 def quantize_dequantize_nvfp4(x: np.ndarray, block: int = 16
                               ) -> tuple[np.ndarray, np.ndarray, np.float32]:
   """TE's NVFP4 chain in float32 NumPy: (dequantized, block scales, 1/S_enc).

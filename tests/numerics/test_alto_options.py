@@ -9,7 +9,7 @@ import pytest
 from numerics import blockscale, clipping, dge, macro_scaling, operator_snr, qdot, quantizer
 from numerics import recipes as R
 
-SPEC = quantizer.QuantSpec(fmt="e2m1", block_size=32, scale_rule="alto")
+SPEC = quantizer.QuantSpec(fmt="e2m1", block_shape=32, scale_rule="alto")
 
 
 def test_dge_hand_values():
@@ -35,15 +35,15 @@ def test_dge_scale_invariant():
 
 def test_dge_validation():
   with pytest.raises(ValueError):
-    dge.surrogate_derivative(jnp.ones(32), quantizer.QuantSpec(fmt="bf16", block_size=None))
+    dge.surrogate_derivative(jnp.ones(32), quantizer.QuantSpec(fmt="bf16"))
   with pytest.raises(ValueError):
     dge.surrogate_derivative(jnp.ones(32), SPEC, k=0)
 
 
 def test_grid_exponents_match_dequantized_scale():
   x = jax.random.normal(jax.random.key(1), (8, 64)) * 10
-  s = blockscale.mx_grid_exponents(x, "e2m1", block_size=32, scale_rule="alto")
-  q = blockscale.quantize_mx(x, "e2m1", block_size=32, scale_rule="alto")
+  s = blockscale.mx_grid_exponents(x, "e2m1", block_shape=32, scale_rule="alto")
+  q = blockscale.quantize_mx(x, "e2m1", block_shape=32, scale_rule="alto")
   elems = np.asarray(q.element_values())
   np.testing.assert_array_equal(np.asarray(blockscale.dequantize(q)),
                                 elems * np.exp2(np.asarray(s, np.float64)))
@@ -52,17 +52,17 @@ def test_grid_exponents_match_dequantized_scale():
 def test_rms_clipping_hand_case():
   x = jnp.concatenate([jnp.ones(31), jnp.array([100.0])])
   rms = np.sqrt((31 + 1e4) / 32)
-  y = np.asarray(clipping.clip_to_block_rms(x, block_size=32))
+  y = np.asarray(clipping.clip_to_block_rms(x, block_shape=32))
   np.testing.assert_allclose(y[-1], 2.922 * rms, rtol=1e-6)
   np.testing.assert_array_equal(y[:31], 1.0)
   # A constant block is left alone (rms = |value|).
-  np.testing.assert_array_equal(clipping.clip_to_block_rms(jnp.full(32, -3.0), block_size=32),
+  np.testing.assert_array_equal(clipping.clip_to_block_rms(jnp.full(32, -3.0), block_shape=32),
                                 jnp.full(32, -3.0))
 
 
 def test_macro_block_scales():
   x = jnp.concatenate([jnp.full(128, 0.5).at[3].set(-12.0), jnp.zeros(128)])
-  s = np.asarray(macro_scaling.macro_block_scales(x, 6.0, block_size=128))
+  s = np.asarray(macro_scaling.macro_block_scales(x, 6.0, block_shape=128))
   np.testing.assert_array_equal(s[:128], 2.0)
   np.testing.assert_array_equal(s[128:], 1.0)
 
@@ -88,7 +88,7 @@ def test_options_raise_macro_block_snr_and_keep_grads_finite():
     x = jax.random.normal(jax.random.key(2), (64, 64))
     w = jax.random.normal(jax.random.key(3), (64, 64))
     f = lambda x, w: jnp.sum(qdot.quantized_dot_general(
-        x, w, (((1,), (0,)), ((), ())), r, jax.random.key(4),
+        x, w, (((1,), (0,)), ((), ())), r, key=jax.random.key(4),
         preferred_element_type=jnp.float32) ** 2)
     chex.assert_tree_all_finite(jax.grad(f, argnums=(0, 1))(x, w))
 
@@ -98,7 +98,7 @@ def test_dge_multiplies_weight_gradient():
   w = jax.random.normal(jax.random.key(6), (64, 64))
   dn = (((1,), (0,)), ((), ()))
   grad = lambda r: jax.grad(lambda w: jnp.sum(qdot.quantized_dot_general(
-      x, w, dn, r, jax.random.key(7), preferred_element_type=jnp.float32)))(w)
+      x, w, dn, r, key=jax.random.key(7), preferred_element_type=jnp.float32)))(w)
   base, with_dge = grad("mxfp4"), grad(R.with_dge("mxfp4"))
   wspec = R.get("mxfp4").forward.rhs.spec(-2, -1)
   chex.assert_trees_all_close(with_dge, base * dge.surrogate_derivative(w, wspec),
@@ -113,6 +113,6 @@ def test_option_validation():
   with pytest.raises(ValueError, match="clip"):
     R.OperandQuant(fmt="e2m1", clip="quest")
   with pytest.raises(ValueError, match="bf16-exact"):
-    R.replace(R.with_macro_blocks("mxfp4"), compute_dtype="bfloat16")
+    R.replace(R.with_macro_blocks("mxfp4"), compute_dtype="bf16")
   with pytest.raises(ValueError, match="DGE"):
     R.with_dge("nvfp4")

@@ -51,8 +51,7 @@ def _special_matrix(seed=0):
 @pytest.fixture(scope="module")
 def quantize_jit():
   return jax.jit(blockscale.quantize_mx, static_argnames=(
-      "fmt", "block_size", "axis", "block_shape", "scale_rule", "rounding", "rand_bits",
-      "pad", "rng"))
+      "fmt", "axis", "block_shape", "scale_rule", "rounding", "rand_bits", "pad", "rng"))
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -73,7 +72,7 @@ def test_fused_quantize_dequantize_equals_two_step(name):
   x = jnp.asarray(_special_matrix(9))
   key = jax.random.key(2)
   for rule in RULES:
-    for kw in (dict(), dict(rounding="stochastic", key=key), dict(block_size=8, axis=0)):
+    for kw in (dict(), dict(rounding="stochastic", key=key), dict(block_shape=8, axis=0)):
       _bits_equal(blockscale.quantize_dequantize_mx(x, name, scale_rule=rule, **kw),
                   numerics.dequantize(numerics.quantize_mx(x, name, scale_rule=rule, **kw)))
   _bits_equal(blockscale.quantize_dequantize_mx(x[:, :40], name, pad=True,
@@ -150,8 +149,8 @@ def test_subnormal_only_block():
 def test_axis_and_transpose_agree():
   x = jnp.asarray(_special_matrix(3)[:, :64])  # (8, 64)
   xt = jnp.asarray(np.ascontiguousarray(np.asarray(x).T))
-  qa = numerics.quantize_mx(xt, "e2m1", block_size=8, axis=0)
-  qb = numerics.quantize_mx(x, "e2m1", block_size=8, axis=-1)
+  qa = numerics.quantize_mx(xt, "e2m1", block_shape=8, axis=0)
+  qb = numerics.quantize_mx(x, "e2m1", block_shape=8, axis=-1)
   _bits_equal(numerics.dequantize(qa), np.asarray(numerics.dequantize(qb)).T)
   np.testing.assert_array_equal(np.asarray(qa.scales), np.asarray(qb.scales).T)
 
@@ -204,8 +203,8 @@ def test_input_validation():
     numerics.quantize_mx(jnp.ones((4, 32), jnp.int32), "e4m3")
   with pytest.raises(ValueError, match="out of range"):
     numerics.quantize_mx(x, "e4m3", axis=2)
-  with pytest.raises(ValueError, match="block extents"):
-    numerics.quantize_mx(x, "e4m3", block_size=0)
+  with pytest.raises(ValueError, match="block_shape extents"):
+    numerics.quantize_mx(x, "e4m3", block_shape=0)
   with pytest.raises(TypeError, match="QuantizedArray"):
     numerics.dequantize(x)
 
@@ -262,9 +261,9 @@ def test_property_any_axis_equals_moveaxis(shape, block, seed, name):
   for axis in range(len(shape)):
     if shape[axis] % block:
       continue
-    qa = numerics.quantize_mx(jnp.asarray(x), name, block_size=block, axis=axis)
+    qa = numerics.quantize_mx(jnp.asarray(x), name, block_shape=block, axis=axis)
     xm = np.ascontiguousarray(np.moveaxis(x, axis, -1))
-    qb = numerics.quantize_mx(jnp.asarray(xm), name, block_size=block, axis=-1)
+    qb = numerics.quantize_mx(jnp.asarray(xm), name, block_shape=block, axis=-1)
     _bits_equal(np.moveaxis(np.asarray(numerics.dequantize(qa)), axis, -1),
                 numerics.dequantize(qb))
 

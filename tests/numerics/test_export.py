@@ -18,7 +18,7 @@ from numerics.quantizer import QuantSpec, quantize_dequantize
 from numerics.rl import sampler_copy
 
 BF16 = ex.ExportSpec("bf16")
-MXFP8 = QuantSpec("e4m3", block_size=32, axis=0)
+MXFP8 = QuantSpec("e4m3", block_shape=32, axis=0)
 
 
 def bits32(x):
@@ -75,7 +75,7 @@ def test_bad_specs_raise():
   with pytest.raises(TypeError, match="target"):
     ex.ExportSpec(16)
   with pytest.raises(ValueError, match="conflicts"):
-    ex.ExportSpec(QuantSpec("e4m3", block_size=32, rounding="stochastic"), "nearest")
+    ex.ExportSpec(QuantSpec("e4m3", block_shape=32, rounding="stochastic"), "nearest")
 
 
 # ------------------------------------------------------------------------ nearest
@@ -108,7 +108,7 @@ def test_non_float_leaves_pass_through_and_structure_is_kept():
   for spec in (BF16, ex.ExportSpec("bf16", "error_feedback"),
                ex.ExportSpec("bf16", "stochastic")):
     served, _ = ex.export(master, spec, ex.init_export_state(master, spec),
-                          jax.random.key(0))
+                          key=jax.random.key(0))
     chex.assert_trees_all_equal_structs(served, master)
     np.testing.assert_array_equal(served["mask"], [True, False])
     assert served["count"].dtype == jnp.int8 and served["layers"][1][1] == 7
@@ -167,7 +167,7 @@ def test_stochastic_is_unbiased(target, man_bits):
   state = ex.init_export_state(master, spec)
   draws = []
   for _ in range(2):  # two export steps: independent bits
-    served, state = ex.export(master, spec, state, jax.random.key(3))
+    served, state = ex.export(master, spec, state, key=jax.random.key(3))
     draws.append(np.asarray(served["w"]).astype(np.float64))
   draws = np.concatenate(draws).reshape(-1)
   assert set(np.unique(draws)) == {1.0, 1.0 + ulp}
@@ -181,10 +181,10 @@ def test_stochastic_differs_between_steps_and_reproduces():
             "b": jnp.asarray(random_master(4, (32, 32), -6, 2))}
   s0 = ex.init_export_state(master, spec)
   key = jax.random.key(5)
-  out1, s1 = ex.export(master, spec, s0, key)
-  out2, s2 = ex.export(master, spec, s1, key)
-  again, _ = ex.export(master, spec, s0, key)
-  other, _ = ex.export(master, spec, s0, jax.random.key(6))
+  out1, s1 = ex.export(master, spec, s0, key=key)
+  out2, s2 = ex.export(master, spec, s1, key=key)
+  again, _ = ex.export(master, spec, s0, key=key)
+  other, _ = ex.export(master, spec, s0, key=jax.random.key(6))
   assert int(s1.step) == 1 and int(s2.step) == 2
   chex.assert_trees_all_equal(out1, again)  # same key and step: same bits
   for o in (out2, other):

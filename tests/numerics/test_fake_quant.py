@@ -13,14 +13,14 @@ from numerics import quantizer as fq
 @pytest.mark.parametrize("kwargs", [
     dict(fmt="e4m3"), dict(fmt="e2m1", block_shape=(32, 32)),
     dict(fmt="e2m1", scale_rule="alto"), dict(fmt="nvfp4"),
-    dict(fmt="bf16", block_size=None), dict(fmt="e5m2", block_size=None)])
+    dict(fmt="bf16"), dict(fmt="e5m2", scaling="none")])
 def test_forward_matches_qdq_and_gradient_is_identity(kwargs):
   x = jax.random.normal(jax.random.key(0), (64, 64)) * 3
   y = numerics.fake_quant(x, **kwargs)
   fmt = kwargs["fmt"]
   if fmt == "nvfp4":
     want = numerics.dequantize(numerics.quantize_nvfp4(x))
-  elif kwargs.get("block_size", 32) is None:
+  elif fmt == "bf16" or kwargs.get("scaling") == "none":
     want = numerics.cast(x, fmt)
   else:
     rest = {k: v for k, v in kwargs.items() if k != "fmt"}
@@ -52,5 +52,5 @@ def test_dtype_preserved_and_spec_validation():
   with pytest.raises(ValueError, match="rounding"):
     fq.QuantSpec(rounding="up")
   with pytest.raises(ValueError, match="element-wise cast"):
-    fq.quantize(x, fq.QuantSpec(fmt="bf16", block_size=None))
+    fq.quantize(x, fq.QuantSpec(fmt="bf16"))
   assert hash(fq.QuantSpec()) == hash(fq.QuantSpec())

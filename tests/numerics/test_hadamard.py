@@ -23,7 +23,7 @@ def test_sylvester_matrix(n):
 @pytest.mark.parametrize("permute", [True, False])
 def test_random_matrix_is_orthonormal_and_structured(permute):
   key = jax.random.key(3)
-  r = np.asarray(hadamard.random_hadamard_matrix(key, 32, permute=permute), np.float64)
+  r = np.asarray(hadamard.random_hadamard_matrix(32, key=key, permute=permute), np.float64)
   np.testing.assert_allclose(r @ r.T, np.eye(32), atol=1e-6)
   # Every entry is +-1/sqrt(32), and R = H D P up to the column signs/order.
   np.testing.assert_allclose(np.abs(r), 1 / np.sqrt(32), rtol=1e-6)
@@ -37,11 +37,11 @@ def test_random_matrix_is_orthonormal_and_structured(permute):
 def test_blockwise_application_matches_matrix():
   key = jax.random.key(0)
   x = jax.random.normal(jax.random.key(1), (64, 5))
-  r = np.asarray(hadamard.random_hadamard_matrix(key, 32), np.float64)
+  r = np.asarray(hadamard.random_hadamard_matrix(32, key=key), np.float64)
   want = np.concatenate([r @ np.asarray(x[:32], np.float64), r @ np.asarray(x[32:], np.float64)])
-  np.testing.assert_allclose(np.asarray(numerics.random_hadamard(x, key)), want, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(numerics.random_hadamard(x, key=key)), want, atol=1e-5)
   # axis=1 on the transpose is the same transform.
-  y = numerics.random_hadamard(x.T, key, axis=1)
+  y = numerics.random_hadamard(x.T, key=key, axis=1)
   np.testing.assert_allclose(np.asarray(y), want.T, atol=1e-5)
 
 
@@ -49,28 +49,28 @@ def test_inverse_and_wgrad_invariance():
   key = jax.random.key(5)
   a = jax.random.normal(jax.random.key(6), (128, 16))
   b = jax.random.normal(jax.random.key(7), (128, 24))
-  ha = numerics.random_hadamard(a, key)
-  np.testing.assert_allclose(np.asarray(numerics.inverse_random_hadamard(ha, key)),
+  ha = numerics.random_hadamard(a, key=key)
+  np.testing.assert_allclose(np.asarray(numerics.inverse_random_hadamard(ha, key=key)),
                              np.asarray(a), atol=2e-6)
-  hb = numerics.random_hadamard(b, key)
+  hb = numerics.random_hadamard(b, key=key)
   np.testing.assert_allclose(np.asarray(ha.T @ hb), np.asarray(a.T @ b), atol=2e-4)
   # Different keys give different transforms; the same key the same one.
-  assert not np.allclose(numerics.random_hadamard(a, jax.random.key(8)), ha)
-  chex.assert_trees_all_equal(numerics.random_hadamard(a, key), ha)
+  assert not np.allclose(numerics.random_hadamard(a, key=jax.random.key(8)), ha)
+  chex.assert_trees_all_equal(numerics.random_hadamard(a, key=key), ha)
 
 
 def test_outlier_spreading():
   x = jnp.zeros((32, 1)).at[3, 0].set(100.0)
-  y = numerics.random_hadamard(x, jax.random.key(0))
+  y = numerics.random_hadamard(x, key=jax.random.key(0))
   np.testing.assert_allclose(np.abs(np.asarray(y)), 100 / np.sqrt(32), rtol=1e-6)
 
 
 def test_dtype_and_errors():
   x = jnp.ones((32, 4), jnp.bfloat16)
-  assert numerics.random_hadamard(x, jax.random.key(0)).dtype == jnp.bfloat16
+  assert numerics.random_hadamard(x, key=jax.random.key(0)).dtype == jnp.bfloat16
   with pytest.raises(ValueError, match="power of two"):
-    numerics.random_hadamard(jnp.ones((24, 2)), jax.random.key(0), block_size=24)
+    numerics.random_hadamard(jnp.ones((24, 2)), key=jax.random.key(0), block_shape=24)
   with pytest.raises(ValueError, match="not divisible"):
-    numerics.random_hadamard(jnp.ones((40, 2)), jax.random.key(0))
+    numerics.random_hadamard(jnp.ones((40, 2)), key=jax.random.key(0))
   with pytest.raises(TypeError, match="float"):
-    numerics.random_hadamard(jnp.ones((32, 2), jnp.int32), jax.random.key(0))
+    numerics.random_hadamard(jnp.ones((32, 2), jnp.int32), key=jax.random.key(0))

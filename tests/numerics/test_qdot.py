@@ -57,7 +57,7 @@ def _close(a, b):
 
 
 def _run(recipe, x, w, g, key):
-  f = lambda x, w: qdot.quantized_dot_general(x, w, DN, recipe, key,
+  f = lambda x, w: qdot.quantized_dot_general(x, w, DN, recipe, key=key,
                                               preferred_element_type=jnp.float32)
   out, vjp = jax.vjp(f, x, w)
   return (out,) + vjp(g)
@@ -68,8 +68,9 @@ def _keys(key, gemm):
   return [jax.random.fold_in(k, i) for i in range(3)]
 
 
-def _mx(x, fmt, **kw):
-  return numerics.dequantize(numerics.quantize_mx(x, fmt, pad=True, **kw))
+def _mx(x, fmt, key=None, **kw):
+  stochastic = dict(key=key) if kw.get("rounding") == "stochastic" else {}
+  return numerics.dequantize(numerics.quantize_mx(x, fmt, pad=True, **stochastic, **kw))
 
 
 def test_bf16_is_plain_dot_general_in_bf16():
@@ -110,8 +111,8 @@ def test_mxfp4_alto_by_hand(name):
   kw = _keys(key, 2)
   xh, gh = x, g
   if name != "mxfp4_1d2d":
-    xh = numerics.random_hadamard(x, kw[0], block_size=32, axis=0)
-    gh = numerics.random_hadamard(g, kw[0], block_size=32, axis=0)
+    xh = numerics.random_hadamard(x, key=kw[0], block_shape=32, axis=0)
+    gh = numerics.random_hadamard(g, key=kw[0], block_shape=32, axis=0)
   xq = _mx(xh, "e2m1", axis=0, **rule)
   gq2 = _mx(gh, "e2m1", axis=0, rounding="stochastic" if sr else "nearest",
             key=kw[2] if sr else None, **rule)
@@ -137,8 +138,8 @@ def test_nvfp4_by_hand():
   kd = _keys(key, 1)
   _close(dx, _mm32(nv(g, axis=-1, rounding="stochastic", key=kd[1]), wq.T))
   kw = _keys(key, 2)
-  xh = numerics.random_hadamard(x, kw[0], block_size=16, axis=0)
-  gh = numerics.random_hadamard(g, kw[0], block_size=16, axis=0)
+  xh = numerics.random_hadamard(x, key=kw[0], block_shape=16, axis=0)
+  gh = numerics.random_hadamard(g, key=kw[0], block_shape=16, axis=0)
   _close(dw, _mm32(nv(xh, axis=0).T, nv(gh, axis=0, rounding="stochastic", key=kw[2])))
 
 
@@ -193,7 +194,7 @@ def test_errors():
     qdot.quantized_dot_general(x.astype(jnp.int32), w, DN, "mxfp8")
   with pytest.raises(ValueError, match="contracting dims differ"):
     qdot.quantized_dot_general(x, w[:32], DN, "mxfp8")
-  with pytest.raises(ValueError, match="2d tiles"):
+  with pytest.raises(ValueError, match="2D tiles"):
     recipes.replace("mxfp4", name="bad", forward=recipes.GemmRecipe(
         lhs=recipes.OperandQuant("e2m1"), rhs=recipes.OperandQuant("e2m1")))
   with pytest.raises(ValueError, match="block scaling"):

@@ -119,3 +119,25 @@ def test_cli_run_prints_locations(tmp_path):
 def test_bad_recipe_fails_before_training(tmp_path):
   with pytest.raises(ValueError, match="recipe"):
     _run(tmp_path / "bad", dataclasses.replace(TINY, recipe="nope"))
+
+
+def test_delayed_scaling_state_and_telemetry_are_carried_and_logged(tmp_path):
+  # fp8_delayed keeps amax histories in the model's _overwrite_with_gradient collection:
+  # the train step replaces them with their gradient, the checkpoint holds them, and
+  # resume continues them exactly; telemetry is logged under numerics/<layer>/...
+  config = dataclasses.replace(TINY, recipe="fp8_delayed", numerics_telemetry=True,
+                               num_steps=4, warmup_steps=1, eval_every=2, log_every=1,
+                               checkpoint_every=2, histogram_every=0)
+  full = _run(tmp_path / "full", config)
+  _run(tmp_path / "split", config, stop_at_step=2)
+  resumed = _run(tmp_path / "split", config, resume=True)
+  assert full["metrics"] == resumed["metrics"]
+  scalars = read_scalars(str(tmp_path / "full"))
+  layer = "numerics/block_0/qkv/dot_general_0"
+  for tag in (f"{layer}/forward_lhs/sqnr_db", f"{layer}/forward_rhs/saturated",
+              f"{layer}/dgrad_lhs/flushed", f"{layer}/wgrad_rhs/scale_clamped"):
+    assert [s for s, _ in scalars[tag]] == [1, 2, 3, 4], tag
+  # Step 1 quantized with the initial scale 1; later steps use the amax history.
+  sqnr = [v for _, v in scalars[f"{layer}/forward_lhs/sqnr_db"]]
+  assert sqnr[1] != sqnr[0]
+  assert not any(t.startswith("numerics/head") for t in scalars)  # bf16: no telemetry

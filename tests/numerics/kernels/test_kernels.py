@@ -42,6 +42,11 @@ RULES = dict(e4m3="floor", e5m2="rceil", e2m3="even", e3m2="ceil", e2m1="alto",
 RAND_BITS = dict(e3m2=10, e2m1=3, int8=5)  # None (all 32 bits) for the others
 
 
+
+def _sr(rounding, key, rand_bits=None):
+  """Stochastic rounding's arguments, given only when the rounding uses them."""
+  return dict(key=key, rand_bits=rand_bits) if rounding == "stochastic" else {}
+
 def mode(variant):
   if COMPILED:
     return dict(use_kernel=True)
@@ -88,16 +93,16 @@ def test_mx_quantize_matches_numpy_reference(fmt, rounding, variant):
   x = _data((40, 192), seed=1)  # GPU tiles 16 x 64: 3 x 3 tiles, ragged rows
   key = jax.random.key(2)
   rule, rbits = RULES[fmt], RAND_BITS.get(fmt)
-  got = kernels.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding, key=key,
-                            rand_bits=rbits, tile=tile(variant, (16, 64), (32, 192)),
+  got = kernels.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding,
+                            **_sr(rounding, key, rbits), tile=tile(variant, (16, 64), (32, 192)),
                             **mode(variant))
   words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, _ = ref.quantize_mx(np.asarray(x), fmt, rule, rounding=rounding,
                                      words=words, rand_bits=rbits)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
   np.testing.assert_array_equal(np.asarray(got.scales), scales)
-  want = numerics.quantize_mx(x, fmt, scale_rule=rule, rounding=rounding, key=key,
-                              rand_bits=rbits)
+  want = numerics.quantize_mx(x, fmt, scale_rule=rule, rounding=rounding,
+                              **_sr(rounding, key, rbits))
   chex.assert_trees_all_equal(got, want)
 
 
@@ -142,7 +147,7 @@ def test_mx_quantize_dequantize_matches_numpy_reference(fmt, axis, rounding, sha
   rule, rbits = RULES[fmt], RAND_BITS.get(fmt)
   gpu_tile = (16, 32) if axis == -1 else (32, 16)
   got = kernels.mx_quantize_dequantize(x, fmt, axis=axis, scale_rule=rule,
-                                       rounding=rounding, key=key, rand_bits=rbits,
+                                       rounding=rounding, **_sr(rounding, key, rbits),
                                        tile=tile(variant, gpu_tile, (32, shape[-1])),
                                        **mode(variant))
   words = hash_words_np(key, shape) if rounding == "stochastic" else None
@@ -150,7 +155,7 @@ def test_mx_quantize_dequantize_matches_numpy_reference(fmt, axis, rounding, sha
                               words=words, rand_bits=rbits)
   _assert_same_floats(got, deq)
   want = blockscale.quantize_dequantize_mx(x, fmt, axis=axis, scale_rule=rule,
-                                           rounding=rounding, key=key, rand_bits=rbits)
+                                           rounding=rounding, **_sr(rounding, key, rbits))
   _assert_same_floats(got, want)
 
 
@@ -175,14 +180,15 @@ def test_nvfp4_quantize_matches_numpy_reference(rounding, variant):
     pytest.skip("TPU tiling: one case suffices")
   x = _data((40, 96), seed=8)
   key = jax.random.key(9)
-  got = kernels.nvfp4_quantize(x, rounding=rounding, key=key,
+  got = kernels.nvfp4_quantize(x, rounding=rounding, **_sr(rounding, key),
                                tile=tile(variant, (16, 32), (32, 96)), **mode(variant))
   words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, inv, _ = ref.quantize_nvfp4(np.asarray(x), rounding=rounding, words=words)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
   np.testing.assert_array_equal(np.asarray(got.scales), scales)
   _assert_same_floats(got.tensor_scale, inv)
-  chex.assert_trees_all_equal(got, numerics.quantize_nvfp4(x, rounding=rounding, key=key))
+  chex.assert_trees_all_equal(got, numerics.quantize_nvfp4(x, rounding=rounding,
+                                                           **_sr(rounding, key)))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -194,7 +200,8 @@ def test_nvfp4_quantize_dequantize_matches_numpy_reference(axis, rounding, shape
   x = _data(shape, seed=10)
   key = jax.random.key(11)
   gpu_tile = (16, 32) if axis == -1 else (32, 16)
-  got = kernels.nvfp4_quantize_dequantize(x, axis=axis, rounding=rounding, key=key,
+  got = kernels.nvfp4_quantize_dequantize(x, axis=axis, rounding=rounding,
+                                          **_sr(rounding, key),
                                           tile=tile(variant, gpu_tile, (32, shape[-1])),
                                           **mode(variant))
   words = hash_words_np(key, shape) if rounding == "stochastic" else None
@@ -202,7 +209,7 @@ def test_nvfp4_quantize_dequantize_matches_numpy_reference(axis, rounding, shape
                                     words=words)
   _assert_same_floats(got, deq)
   want = numerics.dequantize(numerics.quantize_nvfp4(x, axis=axis, rounding=rounding,
-                                                     key=key))
+                                                     **_sr(rounding, key)))
   _assert_same_floats(got, want)
 
 
@@ -348,10 +355,12 @@ def test_kernel_eligibility():
   assert kernels.kernel_eligible(spec("nvfp4", 16, axis=-2), 2)
   assert not kernels.kernel_eligible(spec("e4m3", 32, axis=0), 3)
   assert not kernels.kernel_eligible(spec("e4m3", 16, axis=-1), 2)
-  assert not kernels.kernel_eligible(spec("e4m3", None, axis=(0, 1),
-                                          block_shape=(32, 32)), 2)
-  assert not kernels.kernel_eligible(spec("e4m3", 32, rng="threefry"), 2)
-  assert not kernels.kernel_eligible(spec("e4m3", None), 2)  # an element-wise cast
+  assert not kernels.kernel_eligible(spec("e4m3", (32, 32), axis=(0, 1)), 2)
+  assert not kernels.kernel_eligible(spec("e4m3", 32, rounding="stochastic",
+                                          rng="threefry"), 2)
+  assert not kernels.kernel_eligible(spec("e4m3", scaling="none"), 2)  # a cast
+  # torchao's NVFP4 convention has no kernel: it routes to the jnp path explicitly.
+  assert not kernels.kernel_eligible(spec("nvfp4", 16, axis=-1, convention="torchao"), 2)
 
 
 def test_input_errors():

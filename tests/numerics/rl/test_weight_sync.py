@@ -37,7 +37,7 @@ def _dot(recipe):
     return tfm.fp32_dot_general
 
   def dot_general(lhs, rhs, dimension_numbers, key):
-    return qdot.quantized_dot_general(lhs, rhs, dimension_numbers, recipe, key,
+    return qdot.quantized_dot_general(lhs, rhs, dimension_numbers, recipe, key=key,
                                       preferred_element_type=jnp.float32)
 
   return dot_general
@@ -362,7 +362,7 @@ def test_served_mx_weight_zero_padding_leaves_real_elements_alone(params):
   w = params["params"]["block_0"]["qkv"]["kernel"]  # [48, 144], contraction axis 0
   served = serving.served_mx_weight(w, axis=0)
   assert blockscale.pad_to_multiple(w, (0,), (32,)).shape == (64, 144)
-  qdq = lambda x: blockscale.quantize_dequantize_mx(x, "e4m3", block_size=32, axis=0,
+  qdq = lambda x: blockscale.quantize_dequantize_mx(x, "e4m3", block_shape=32, axis=0,
                                                     scale_rule="rceil")
   np.testing.assert_array_equal(served[:32], qdq(w[:32]))
   np.testing.assert_array_equal(served[32:], qdq(jnp.pad(w[32:], ((0, 16), (0, 0))))[:16])
@@ -384,7 +384,7 @@ def test_padding_invariance_passes_under_mxfp8(params, probe):
 def test_padding_invariance_catches_tensor_scale_over_pad_tokens(params, probe):
   # An FP8 "current scaling" quantizer takes one amax over all activations, pad
   # positions included: a large pad embedding then coarsens the real tokens' values.
-  spec = quantizer.QuantSpec(fmt="e4m3", block_size=None, tensorwise=True)
+  spec = quantizer.QuantSpec(fmt="e4m3", scaling="tensor")
 
   @jax.jit
   def logits_fn(p, tokens):

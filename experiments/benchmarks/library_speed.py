@@ -1,0 +1,152 @@
+"""Speed of the quantization library as a user meets it: ratios measured in one run.
+
+    python -m experiments.benchmarks.library_speed                  # all three parts
+    python -m experiments.benchmarks.library_speed --repeats=10 --size=16777216
+
+1. Training step of a plain 4-layer, 1024-wide linen MLP (batch 512, Adam) quantized
+   with ``models.quantize_model`` (one rule for every layer), per recipe, divided by
+   the bf16 step.
+2. Telemetry: the nvfp4 step with ``telemetry=True`` (sown and returned) and with
+   ``telemetry=False``, each divided by the same step with numerics.qdot's dot_general
+   injected by hand into ``nn.Dense`` (no interception machinery): off should be 1.
+3. ``quantize_nvfp4`` (codes + scales), NVFP4 quantize-dequantize and ``quantize_mx``
+   on ``--size`` float32 elements, as elements/s relative to a plain copy (``x + 1``:
+   one read, one write) -- the metric of ``experiments.benchmarks.numerics_throughput``.
+
+The timed functions of a part are called in turn, ``--repeats`` rounds, after a
+warm-up; each keeps its fastest call, and every figure is a ratio to a baseline timed
+in the same rounds, so machine load cancels to first order. On a shared machine run it
+twice and report the spread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+from flax import linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import models
+import numerics
+from numerics import qdot
+from numerics import quantizer
+
+_RECIPES = flags.DEFINE_list("recipes", ["bf16", "mxfp8", "nvfp4"], "recipes to time")
+_WIDTH = flags.DEFINE_integer("width", 1024, "MLP width")
+_LAYERS = flags.DEFINE_integer("layers", 4, "MLP layers")
+_BATCH = flags.DEFINE_integer("batch", 512, "batch size")
+_SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "float32 elements to quantize")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "rounds of timed calls (the min is kept)")
+_PARTS = flags.DEFINE_list("parts", ["step", "telemetry", "quantize"], "what to time")
+
+
+class MLP(nn.Module):
+  """``layers`` Dense layers with GELU; ``dot_general`` injects a matmul (part 2)."""
+
+  width: int
+  layers: int
+  dot_general: Any = None
+
+  @nn.compact
+  def __call__(self, x):
+    kw = {} if self.dot_general is None else dict(dot_general=self.dot_general)
+    for i in range(self.layers - 1):
+      x = nn.gelu(nn.Dense(self.width, name=f"dense_{i}", **kw)(x))
+    return nn.Dense(self.width, name=f"dense_{self.layers - 1}", **kw)(x)
+
+
+def interleaved_min(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+  """Seconds of the fastest call of each function, calling them in turn each round."""
+  for f in fns.values():
+    jax.block_until_ready(f())  # compile and warm up
+  best = {name: float("inf") for name in fns}
+  for _ in range(repeats):
+    for name, f in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(f())
+      best[name] = min(best[name], time.perf_counter() - t0)
+  return best
+
+
+def train_step(model: nn.Module, sow: bool = False) -> Callable[[], Any]:
+  """A no-argument call of one jitted Adam training step of ``model``."""
+  x = jax.random.normal(jax.random.key(0), (_BATCH.value, _WIDTH.value))
+  y = jax.random.normal(jax.random.key(1), (_BATCH.value, _WIDTH.value))
+  rngs = {"params": jax.random.key(2), "quant": jax.random.key(3)}
+  variables = model.init(rngs, x)
+  opt = optax.adam(1e-3)
+  mutable = [models.quantization.NUMERICS] if sow else False
+
+  @jax.jit
+  def step(params, opt_state, x, y, k):  # data as arguments: no constant folding
+    def loss(p):
+      out = model.apply({**variables, "params": p}, x, rngs={"quant": k},
+                        mutable=mutable)
+      out, sown = out if sow else (out, {})
+      return jnp.mean((out - y) ** 2), sown
+    (l, sown), g = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, l, sown
+
+  params = variables["params"]
+  state = (params, opt.init(params))
+  key = jax.random.key(4)
+  return lambda: step(*state, x, y, key)
+
+
+def quantized_mlp(recipe: Any, telemetry: bool = False) -> nn.Module:
+  return models.quantize_model(MLP(_WIDTH.value, _LAYERS.value),
+                               [models.Rule(".*", recipe)], telemetry=telemetry)
+
+
+def main(argv):
+  del argv
+  r = _REPEATS.value
+  print(f"{jax.devices()[0].platform}; MLP {_LAYERS.value} x {_WIDTH.value}, batch "
+        f"{_BATCH.value}; fastest of {r} interleaved rounds")
+  if "step" in _PARTS.value:
+    times = interleaved_min({name: train_step(quantized_mlp(name))
+                             for name in _RECIPES.value}, r)
+    base = times.get("bf16") or next(iter(times.values()))
+    print(f"{'train step':36s} {'ms':>8s} {'/ bf16':>8s}")
+    for name, t in times.items():
+      print(f"{name:36s} {t * 1e3:8.1f} {t / base:8.2f}")
+  if "telemetry" in _PARTS.value:
+    recipe = "nvfp4"
+    by_hand = MLP(_WIDTH.value, _LAYERS.value,
+                  dot_general=qdot.make_dot_general(recipe, key=jax.random.key(5)))
+    t = interleaved_min({"by hand": train_step(by_hand),
+                         "off": train_step(quantized_mlp(recipe)),
+                         "on": train_step(quantized_mlp(recipe, telemetry=True), sow=True)},
+                        r)
+    print(f"{recipe} step, quantize_model telemetry off / qdot injected by hand: "
+          f"{t['off'] / t['by hand']:.2f}")
+    print(f"{recipe} step, telemetry on / off: {t['on'] / t['off']:.2f}")
+  if "quantize" in _PARTS.value:
+    x = jax.random.normal(jax.random.key(0), (_SIZE.value // 1024, 1024))
+    spec = quantizer.QuantSpec("nvfp4")
+    ops = {
+        "copy (x + 1)": jax.jit(lambda x: x + 1.0),
+        "quantize_nvfp4 (codes + scales)": jax.jit(
+            lambda x: (lambda q: (q.codes, q.scales, q.tensor_scale))(
+                numerics.quantize_nvfp4(x))),
+        "nvfp4 quantize-dequantize": jax.jit(
+            lambda x: quantizer.quantize_dequantize(x, spec)),
+        "quantize_mx e4m3 (codes + scales)": jax.jit(
+            lambda x: (lambda q: (q.codes, q.scales))(numerics.quantize_mx(x, "e4m3"))),
+    }
+    t = interleaved_min({name: (lambda f=f: f(x)) for name, f in ops.items()}, r)
+    copy = t.pop("copy (x + 1)")
+    print(f"{_SIZE.value} float32 elements; copy {copy * 1e3:.1f} ms")
+    print(f"{'op':36s} {'time / copy':>12s} {'copy / time':>12s}")
+    for name, v in t.items():
+      print(f"{name:36s} {v / copy:12.2f} {copy / v:12.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,239 @@
+"""models.quantize_model on Flax models written here, not for it: a linen MLP and
+transformer made of nn.Dense / nn.DenseGeneral / nn.Einsum /
+nn.MultiHeadDotProductAttention, and an NNX model.
+
+bf16 rules give exactly the plain bf16 model; an mxfp8 rule gives exactly the same model
+with numerics.qdot's dot_general injected into every layer by hand (Flax's own
+injection points), for outputs and gradients.
+"""
+
+import functools
+from typing import Any, Callable
+
+import chex
+from flax import linen as nn
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models
+from models import quantization
+from numerics import qdot, recipes
+
+BF = jnp.bfloat16
+
+
+class _InjectedEinsum(nn.Module):
+  """nn.Einsum with its contraction's dot_general injected (the hand-built reference;
+  nn.Einsum itself has no injection point). Same parameters as nn.Einsum."""
+
+  shape: tuple
+  einsum_str: str
+  dot_general: Callable
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), self.shape)
+    bias = self.param("bias", nn.initializers.zeros_init(), self.shape[-2:])
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    return jnp.einsum(self.einsum_str, x, kernel, _dot_general=self.dot_general) + bias
+
+
+class Block(nn.Module):
+  """Self-attention and an einsum MLP; ``dg`` injects a dot_general (reference only)."""
+
+  dtype: Any = None
+  dg: Callable | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    kw = dict(dtype=self.dtype)
+    mha = {}
+    if self.dg is not None:
+      einsum = lambda: functools.partial(jnp.einsum, _dot_general=self.dg)
+      mha = dict(qkv_dot_general=self.dg, out_dot_general=self.dg,
+                 qk_attn_weights_einsum_cls=einsum, attn_weights_value_einsum_cls=einsum)
+    x = x + nn.MultiHeadDotProductAttention(4, name="attn", **kw, **mha)(x, x)
+    if self.dg is None:
+      h = nn.Einsum((64, 2, 32), "blk,khd->blhd", name="up", **kw)(x)
+    else:
+      h = _InjectedEinsum((64, 2, 32), "blk,khd->blhd", self.dg, name="up", **kw)(x)
+    inj = {} if self.dg is None else dict(dot_general=self.dg)
+    return x + nn.DenseGeneral(64, axis=(-2, -1), name="down", **kw, **inj)(nn.gelu(h))
+
+
+class Transformer(nn.Module):
+  """Two blocks between an embedding and a head projection."""
+
+  dtype: Any = None
+  dg: Callable | None = None
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    inj = {} if self.dg is None else dict(dot_general=self.dg)
+    x = nn.Dense(64, name="embed", dtype=self.dtype, **inj)(x_BxLxD)
+    for i in range(2):
+      x = Block(self.dtype, self.dg, name=f"block_{i}")(x)
+    return nn.Dense(8, name="head", dtype=self.dtype, **inj)(x)
+
+
+def _x(shape=(2, 32, 16), seed=0):
+  return jax.random.normal(jax.random.key(seed), shape)
+
+
+def _value_and_grad(model, params, x, **kw):
+  f = lambda p, x: jnp.sum(model.apply(p, x, **kw).astype(jnp.float32) ** 2)
+  return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, x)
+
+
+@pytest.fixture(scope="module")
+def transformer_params():
+  return Transformer().init(jax.random.key(1), _x())
+
+
+def test_linen_bf16_rules_give_the_plain_bf16_model(transformer_params):
+  x = _x().astype(BF)
+  plain = Transformer(dtype=BF)
+  ours = models.quantize_model(plain, [models.Rule(".*", "bf16")])
+  chex.assert_trees_all_equal_structs(ours.init(jax.random.key(1), x),
+                                      plain.init(jax.random.key(1), x))
+  chex.assert_trees_all_equal(_value_and_grad(ours, transformer_params, x),
+                              _value_and_grad(plain, transformer_params, x))
+
+
+def test_linen_mxfp8_rule_equals_our_dot_general_injected_by_hand(transformer_params):
+  x = _x()
+  ours = models.quantize_model(Transformer(), [models.Rule(".*", "mxfp8")])
+  by_hand = Transformer(dg=qdot.make_dot_general("mxfp8"))
+  with quantization.recording() as ops:
+    got = _value_and_grad(ours, transformer_params, x)
+  chex.assert_trees_all_equal(got, _value_and_grad(by_hand, transformer_params, x))
+  # Every matmul was caught: 2 Dense, and per block q/k/v/out, 2 attention einsums,
+  # the Einsum and the DenseGeneral.
+  assert len(ops) == 2 + 2 * 8 and all(op.rule is not None for op in ops)
+  assert {op.path for op in ops if op.op_id.startswith("einsum")} == {
+      "block_0/attn", "block_1/attn", "block_0/up", "block_1/up"}
+
+
+def test_linen_per_layer_overrides_and_unmatched_ops(transformer_params):
+  x = _x()
+  rules = [models.Rule("head", None), models.Rule("block_0/.*", "bf16"),
+           models.Rule("block_1/attn", "mxfp8"), models.Rule("nowhere", "mxfp4")]
+  ours = models.quantize_model(Transformer(), rules)
+  with quantization.recording() as ops:
+    jax.eval_shape(ours.apply, transformer_params, x)
+  by_path = {(op.path, op.op_id): op.rule for op in ops}
+  assert by_path[("head", "dot_general_0")] is rules[0]
+  assert by_path[("block_0/attn/query", "dot_general_0")] is rules[1]
+  assert by_path[("block_1/attn", "einsum_1")] is rules[2]
+  assert by_path[("embed", "dot_general_0")] is None  # unmatched: untouched
+  assert quantization.unused_rules(rules, ops) == (rules[3],)
+  # Only block_1's attention differs from the plain model's function of its input.
+  plain = Transformer().apply(transformer_params, x)
+  assert not np.array_equal(ours.apply(transformer_params, x), plain)
+  ours_none = models.quantize_model(Transformer(), [models.Rule(".*", None)])
+  chex.assert_trees_all_equal(ours_none.apply(transformer_params, x), plain)
+
+
+class MLP(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(32, name="out")(nn.relu(nn.Dense(64, name="hidden")(x)))
+
+
+def test_linen_stochastic_recipe_draws_from_the_quant_stream():
+  x = _x((64, 32))
+  m = models.quantize_model(MLP(), [models.Rule(".*", "mxfp4")])
+  p = m.init({"params": jax.random.key(1), "quant": jax.random.key(2)}, x)
+  g = lambda k: jax.grad(lambda p: jnp.sum(m.apply(p, x, rngs={"quant": k}) ** 2))(p)
+  chex.assert_trees_all_equal(g(jax.random.key(3)), g(jax.random.key(3)))
+  a, b = g(jax.random.key(3)), g(jax.random.key(4))
+  assert not np.array_equal(a["params"]["hidden"]["kernel"], b["params"]["hidden"]["kernel"])
+  with pytest.raises(ValueError, match="rngs=.*quant"):
+    m.apply(p, x)
+  with pytest.raises(ValueError, match="unknown recipe"):
+    models.Rule(".*", "nope")
+  with pytest.raises(ValueError, match="regular expression"):
+    models.Rule("(", "bf16")
+
+
+def test_linen_delayed_scaling_state_and_telemetry():
+  x = _x((64, 32))
+  delayed = recipes.replace("fp8_delayed", name="fp8_delayed_4", **{
+      g: recipes.GemmRecipe(*(None if op is None else recipes.dataclasses.replace(
+          op, amax_history_len=4) for op in (gr.lhs, gr.rhs)))
+      for g, gr in zip(("forward", "dgrad", "wgrad"), recipes.get("fp8_delayed").gemms)})
+  m = models.quantize_model(MLP(), [models.Rule("hidden", delayed), models.Rule("out",
+                                                                                 "mxfp8")],
+                            telemetry=True)
+  variables = m.init(jax.random.key(1), x)
+  state = variables[quantization.OVERWRITE]
+  assert set(state) == {"hidden", "out"}  # delayed histories; mxfp8: telemetry probes
+  h0 = state["hidden"]["dot_general_0"]["delayed"]["forward/lhs"]
+  assert h0.amax_history.shape == (4,) and float(h0.scale) == 1.0
+
+  def loss(params, overwrite):
+    out, sown = m.apply({"params": params, quantization.OVERWRITE: overwrite}, x,
+                        mutable=[quantization.NUMERICS])
+    return jnp.sum(out ** 2), sown[quantization.NUMERICS]
+
+  (grads, new_state), fwd = jax.grad(loss, argnums=(0, 1), has_aux=True)(
+      variables["params"], state)
+  h1 = new_state["hidden"]["dot_general_0"]["delayed"]["forward/lhs"]
+  amax = float(jnp.max(jnp.abs(x)))
+  np.testing.assert_array_equal(h1.amax_history, [0.0, 0.0, 0.0, amax])
+  assert float(h1.scale) == np.float32(448.0) / np.float32(amax)
+  scalars = quantization.telemetry_scalars(fwd, new_state)
+  assert "numerics/hidden/dot_general_0/forward_lhs/sqnr_db" in scalars
+  assert "numerics/out/dot_general_0/wgrad_rhs/saturated" in scalars
+  assert len(scalars) == 2 * 6 * 4  # two ops, six operands, four statistics
+  with pytest.raises(ValueError, match="missing"):
+    m.apply({"params": variables["params"]}, x)
+
+
+class NNXModel(nnx.Module):
+
+  def __init__(self, rngs, dtype=None, dg=None):
+    inj = {} if dg is None else dict(dot_general=dg)
+    self.embed = nnx.Linear(16, 64, dtype=dtype, rngs=rngs, **inj)
+    self.attn = nnx.MultiHeadAttention(4, 64, dtype=dtype, decode=False, rngs=rngs)
+    self.up = nnx.Einsum("blk,khd->blhd", (64, 2, 32), (2, 32), dtype=dtype, rngs=rngs,
+                         **({} if dg is None else dict(einsum_op=functools.partial(
+                             jnp.einsum, _dot_general=dg))))
+    self.down = nnx.LinearGeneral((2, 32), 8, axis=(-2, -1), dtype=dtype, rngs=rngs, **inj)
+
+  def __call__(self, x):
+    x = self.embed(x)
+    x = x + self.attn(x)
+    return self.down(nnx.gelu(self.up(x)))
+
+
+def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
+  x = _x()
+  plain = NNXModel(nnx.Rngs(0), dtype=BF)
+  with pytest.raises(ValueError, match="fused op"):  # nnx attention: jax.nn's fused op
+    models.quantize_model(plain, [models.Rule(".*", "bf16")])(x.astype(BF))
+  ours = models.quantize_model(plain, [models.Rule("attn", None), models.Rule(".*", "bf16")])
+  assert type(plain) is NNXModel  # the input model is not modified
+  chex.assert_trees_all_equal(ours(x.astype(BF)), plain(x.astype(BF)))
+  # mxfp8 on the Linear / Einsum / LinearGeneral layers (attention kept plain): equal
+  # to qdot's dot_general injected into those layers by hand.
+  rules = [models.Rule("attn(/.*)?", None), models.Rule(".*", "mxfp8")]
+  dg = qdot.make_dot_general("mxfp8")
+  ours = models.quantize_model(NNXModel(nnx.Rngs(0)), rules)
+  by_hand = NNXModel(nnx.Rngs(0), dg=dg)  # same parameters; attention left plain
+  chex.assert_trees_all_equal(ours(x), by_hand(x))
+  go = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(ours)
+  gh = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(by_hand)
+  chex.assert_trees_all_equal(go["up"]["kernel"][...], gh["up"]["kernel"][...])
+  with quantization.recording() as ops:
+    ours(x)
+  assert {(op.path, op.op_id) for op in ops if op.path.startswith("attn")} == {
+      ("attn/query", "dot_general_0"), ("attn/key", "dot_general_0"),
+      ("attn/value", "dot_general_0"), ("attn/out", "dot_general_0"),
+      ("attn", "dot_product_attention_0")}
+  assert {op.path for op in ops if op.rule is rules[1]} == {"embed", "up", "down"}
