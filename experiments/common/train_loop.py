@@ -46,25 +46,43 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> Tr
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    state_metrics: Callable[[Any], Metrics] | None = None) -> TrainStep:
+                    state_metrics: Callable[[Any], Metrics] | None = None, *,
+                    overwrite_with_gradient: str | None = None,
+                    overwrite_metrics: Callable[[Any], Metrics] | None = None) -> TrainStep:
   """The jitted ``train_step(state, batch, key) -> (state, metrics)``.
 
   ``loss_fn(params, batch, key) -> (scalar loss, aux metrics)``. The returned metrics are a
   flat dict of scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` plus aux,
   plus ``state_metrics(new_opt_state)`` when given (e.g. a transform's counters).
   ``state`` is donated, so do not reuse the one passed in.
+
+  With ``overwrite_with_gradient`` (a collection name, e.g. Flax's
+  ``_overwrite_with_gradient``), ``state.params`` is ``{"params": p, name: s}``: the
+  optimizer updates ``p`` only, and ``s`` (delayed-scaling histories: see
+  :mod:`models.quantization`) is replaced by its gradient, which is its next value; the
+  norms are those of ``p``, and ``overwrite_metrics(next s)`` adds metrics.
   """
+  if overwrite_metrics is not None and overwrite_with_gradient is None:
+    raise ValueError("overwrite_metrics needs overwrite_with_gradient")
 
   def train_step(state: TrainState, batch: Batch, key: jax.Array
                  ) -> tuple[TrainState, Metrics]:
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    params, extra = state.params, {}
+    if overwrite_with_gradient is not None:
+      params, grads, carried = (state.params["params"], grads["params"],
+                                grads[overwrite_with_gradient])
+      if overwrite_metrics is not None:
+        extra = overwrite_metrics(carried)
+    updates, opt_state = optimizer.update(grads, state.opt_state, params)
+    params = optax.apply_updates(params, updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "param_norm": optax.tree.norm(params),
-               "update_norm": optax.tree.norm(updates), **aux}
+               "update_norm": optax.tree.norm(updates), **aux, **extra}
     if state_metrics is not None:
       metrics.update(state_metrics(opt_state))
+    if overwrite_with_gradient is not None:
+      params = {"params": params, overwrite_with_gradient: carried}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return jax.jit(train_step, donate_argnums=(0,))

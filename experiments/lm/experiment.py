@@ -148,33 +148,6 @@ def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.A
   return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
 
 
-def make_train_step_with_model_state(loss_fn, optimizer, state_metrics=None):
-  """``make_train_step`` for params ``{"params": p, OVERWRITE: s}``.
-
-  The optimizer updates ``p`` only; ``s`` (delayed-scaling histories, backward
-  telemetry: see :mod:`models.quantization`) is replaced by its gradient, which is the
-  next state. The gradient, parameter and update norms are those of ``p``; the
-  backward GEMMs' telemetry is logged under ``numerics/``.
-  TODO(lead): fold into experiments.common.train_loop.make_train_step.
-  """
-
-  def train_step(state: TrainState, batch, key):
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
-    g, next_model_state = grads["params"], grads[quantization.OVERWRITE]
-    updates, opt_state = optimizer.update(g, state.opt_state, state.params["params"])
-    params = optax.apply_updates(state.params["params"], updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(g),
-               "param_norm": optax.tree.norm(params),
-               "update_norm": optax.tree.norm(updates), **aux,
-               **quantization.telemetry_scalars(overwrite=next_model_state)}
-    if state_metrics is not None:
-      metrics.update(state_metrics(opt_state))
-    new = {"params": params, quantization.OVERWRITE: next_model_state}
-    return TrainState(state.step + 1, new, opt_state), metrics
-
-  return jax.jit(train_step, donate_argnums=(0,))
-
-
 def train_and_evaluate(config: LMConfig, options: RunOptions,
                        experiment: str = EXPERIMENT) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
@@ -298,9 +271,12 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
         recipe_flag.recipe_dot_general("fp32" if recipe.delayed_operands else recipe),
         skip_prefixes=("",) if recipe.delayed_operands else ("head",),
         skip_names=("router",))
-    make_step = make_train_step_with_model_state if stateful else make_train_step
+    carried = (dict(overwrite_with_gradient=quantization.OVERWRITE,
+                    overwrite_metrics=lambda s: quantization.telemetry_scalars(overwrite=s))
+               if stateful else {})
     result = run_loop(start=start,
-                      train_step=make_step(loss_fn, optimizer, config.optimizer_metrics),
+                      train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics,
+                                                 **carried),
                       batch_at=batch_at, settings=settings, writer=writer,
                       checkpointer=checkpointer, evaluate=evaluate,
                       inspect=(lambda p: inspector(p["params"])) if stateful else inspector)
