@@ -21,6 +21,8 @@ _REGISTRY: dict[str, str] = {
     "temperon": "experiments.temperon.sweeps:temperon",
     "memoir": "experiments.memoir.sweeps:memoir",
     "memoir_long": "experiments.memoir.sweeps:memoir_long",
+    "kv_cache": "experiments.kv_cache.sweeps:kv_cache",
+    "looped_rl": "experiments.looped_rl.sweeps:looped_rl",
 }
 
 
