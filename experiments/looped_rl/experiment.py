@@ -63,7 +63,7 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
 from experiments.looped_rl import warm_start as warm_start_lib
-from models import looped
+from models import looped, quantization
 from models.transformer import TransformerConfig
 from numerics import kv_quant
 from numerics.rl import advantages as advantages_lib
@@ -141,16 +141,16 @@ class LoopedRLConfig:
     return ROLLOUT_KV[self.rollout_kv]
 
   def model(self, recipe: str | None = None) -> looped.LoopedLM:
-    """The looped LM with ``recipe``'s dot_generals (default: the run's)."""
-    dgs = recipe_flag.make_model_dot_generals(self.recipe if recipe is None else recipe)
+    """The looped LM quantized by ``recipe`` (default: the run's) with
+    :func:`experiments.common.recipe_flag.looped_rules`."""
     length = task.prompt_length(self.digits) + task.answer_length(self.digits)
-    return looped.LoopedLM(
+    plain = looped.LoopedLM(
         TransformerConfig(vocab_size=task.VOCAB_SIZE, d_model=self.d_model,
                           num_layers=self.num_layers, num_heads=self.num_heads,
                           d_ff=self.d_ff, max_len=length),
-        looped.LoopConfig(self.max_loops, "threshold", self.threshold),
-        dot_general=dgs["dot_general"], attention_dot_general=dgs["attention_dot_general"],
-        head_dot_general=dgs["head_dot_general"])
+        looped.LoopConfig(self.max_loops, "threshold", self.threshold))
+    return quantization.quantize_model(
+        plain, recipe_flag.looped_rules(self.recipe if recipe is None else recipe))
 
   def warm_start_fields(self) -> dict[str, Any]:
     keys = ("digits", "d_model", "num_layers", "num_heads", "d_ff", "max_loops",
