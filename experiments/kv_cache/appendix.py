@@ -9,6 +9,9 @@ from experiments.common.stats import format_spread
 from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run
 
 FAIL_ACCURACY = 0.05  # "fails to answer any questions": below 5% exact matches
+# A base below this with the fp32 cache has not learned the task: a cache cannot be
+# seen to fail on it (the first, discarded run of this sweep had such bases).
+SOLID_BASE_ACCURACY = 0.9
 
 
 def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, float]]]]:
@@ -66,4 +69,10 @@ def kv_cache_appendix(sweep_dir: str) -> str:
             + (" -- one value per seed: the outlier and tiny-key models decode exactly "
                "like the natural one." if all(len(v) == 1 for v in by_seed.values())
                else " -- **differs within a seed**."), ""]
+  weak = sorted(seed for seed, v in by_seed.items() if min(v) < SOLID_BASE_ACCURACY)
+  lines += [("**Every base learned the task** (fp32-cache greedy accuracy at least "
+             f"{SOLID_BASE_ACCURACY} on every seed)." if not weak else
+             f"**The bases of seeds {weak} did not learn the task** (fp32-cache greedy "
+             f"accuracy below {SOLID_BASE_ACCURACY}): a cache cannot be seen to fail on "
+             "them."), ""]
   return "\n".join(lines)

@@ -8,7 +8,8 @@
 Evaluation only (nothing is trained per run). The base model is the RL experiments'
 supervised warm start on 3-digit addition (:func:`experiments.common.rl.warm_start.warm_start`,
 cached by config hash under ``pretrain_dir``), one base per ``seed`` (its
-``pretrain_seed``), with 2 heads of 32 so the MX cache uses the OCP block of 32. Its
+``pretrain_seed``), with 4 heads of 16 (so an MX cache of this model needs blocks of
+16: ``e4m3/block/16``; with 2 heads of 32 the warm start does not learn). Its
 keys can be given outlier channels by :func:`experiments.kv_cache.outliers.scale_key_channels`
 (``key_outlier_log2``): an exact reparametrization whose float32 logits are bit for
 bit the original's, so only what the cache stores changes.
@@ -78,7 +79,8 @@ def parse_cache(text: str) -> tuple[kv_quant.KVQuantSpec, str | None]:
 
   ``fp32``, ``bf16``; ``e4m3|e5m2|int8`` with ``/tensor`` or ``/head`` and then
   ``/unit`` (scale 1, naive) or ``/calibrated``, or with ``/token`` or ``/block``
-  (MX, block 32); ``nvfp4`` or ``nvfp4/block``.
+  (MX: an E8M0 scale per 32 elements along the head dim, the OCP block) or
+  ``/block/<n>`` (the same with blocks of ``n``); ``nvfp4`` or ``nvfp4/block``.
   """
   parts = text.split("/")
   fmt = parts[0]
@@ -102,6 +104,13 @@ def parse_cache(text: str) -> tuple[kv_quant.KVQuantSpec, str | None]:
       raise ValueError(f"cache {text!r}: a {parts[1]!r} scale is static; end it with "
                        f"/{' or /'.join(STATIC_SCALES)}")
     return spec, parts[2]
+  if parts[1] == "block" and len(parts) == 3:
+    try:
+      block = int(parts[2])
+    except ValueError:
+      raise ValueError(f"cache {text!r}: an MX block size must be an integer, got "
+                       f"{parts[2]!r}") from None
+    return kv_quant.KVQuantSpec(fmt, "block", block_size=block), None
   if len(parts) != 2:
     raise ValueError(f"cache {text!r}: a {parts[1]!r} scale is computed at write time; "
                      "give no scale")
@@ -125,8 +134,7 @@ class KVCacheConfig:
   digits: int = config_field(3, "Digits per addend.", domain="[1, 9]")
   d_model: int = config_field(64, "Model width.", domain="[1, inf)")
   num_layers: int = config_field(2, "Transformer blocks.", domain="[1, inf)")
-  num_heads: int = config_field(2, "Attention heads (2: head dim 32, one MX block).",
-                                domain="[1, inf)")
+  num_heads: int = config_field(4, "Attention heads (4: head dim 16).", domain="[1, inf)")
   d_ff: int = config_field(256, "Feed-forward hidden width.", domain="[1, inf)")
   pretrain_steps: int = config_field(1200, "Supervised warm-start steps of the base.",
                                      domain="[0, inf)")

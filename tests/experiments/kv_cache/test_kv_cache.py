@@ -67,9 +67,12 @@ def test_parse_cache():
   assert kv.parse_cache("int8/head/calibrated")[1] == "calibrated"
   assert kv.parse_cache("e4m3/block") == (kv_quant.KVQuantSpec("e4m3", "block"), None)
   assert kv.parse_cache("nvfp4") == (kv_quant.KVQuantSpec("nvfp4", "block"), None)
+  assert kv.parse_cache("e4m3/block/16") == (
+      kv_quant.KVQuantSpec("e4m3", "block", block_size=16), None)
   for bad, match in (("e4m3", "granularity"), ("e4m3/tensor", "static"),
                      ("e4m3/token/unit", "computed"), ("bf16/token", "no granularity"),
-                     ("fp16", "unknown KV format"), ("nvfp4/token", "nvfp4")):
+                     ("fp16", "unknown KV format"), ("nvfp4/token", "nvfp4"),
+                     ("e4m3/block/x", "integer"), ("e4m3/block/0", "positive")):
     with pytest.raises(ValueError, match=match):
       kv.parse_cache(bad)
   with pytest.raises(ValueError, match="no effect"):
@@ -103,3 +106,24 @@ def test_run_end_to_end(tmp_path):
   with open(tmp_path / "run" / "results.jsonl") as f:
     row = json.loads(f.read())
   assert row["metrics"]["kv/mismatch_k3"] == m["kv/mismatch_k3"]
+
+
+def test_appendix_names_the_seeds_whose_base_did_not_learn(tmp_path):
+  # The fault of the first kv_cache sweep: bases at 0.53 / 0.03 / 0.01 accuracy, with
+  # nothing in the report saying the task was never learned.
+  from experiments.common.results import append_result  # pylint: disable=import-outside-toplevel
+  from experiments.kv_cache.appendix import kv_cache_appendix  # pylint: disable=import-outside-toplevel
+  from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
+  sweep = dataclasses.replace(registry.get("kv_cache"), seeds=(1, 2))
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  results = str(tmp_path / "results.jsonl")
+  for r in runs:
+    if r.arm in ("fp32", "e4m3_tensor_unit"):
+      base = 0.99 if r.seed == 1 else 0.03
+      append_result(results, {"run_name": r.run_name, "completed": True,
+                              "metrics": {"kv/greedy_accuracy": base,
+                                          "kv/fp32_greedy_accuracy": base}})
+  text = kv_cache_appendix(str(tmp_path))
+  assert "**The bases of seeds [2] did not learn the task**" in text
+  assert "seed 1: [0.99]; seed 2: [0.03]" in text
