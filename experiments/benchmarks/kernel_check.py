@@ -17,7 +17,7 @@ once ``--time_budget_s`` is spent):
    bytes it must move, and that rate as a fraction of the copy bandwidth; ``matmul``:
    the block-scaled matmul in TFLOP/s against a bf16 ``jnp.dot`` of the same shape.
 3. ``train_step``: one jitted training step (forward, backward, AdamW) of the
-   quick-start LM (experiments/lm.py's defaults: d_model 128, 2 layers, 4 heads, d_ff
+   quick-start LM (experiments.lm's defaults: d_model 128, 2 layers, 4 heads, d_ff
    512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
    kernels dispatched as on a user's machine, as a ratio to bf16; ``mxfp8 (jnp)`` is
    mxfp8 with NUMERICS_KERNELS=jnp, and ``pallas_calls`` counts the kernels in the step.

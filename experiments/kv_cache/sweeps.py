@@ -1,7 +1,7 @@
 """The ``kv_cache`` sweep: the Pareto atlas's "naive FP8 KV cache fails", in miniature.
 
-    flock /work/sweep.lock python -m launch.sweep --sweep=kv_cache \
-        --sweep_dir=experiments/kv_cache/report --parallel=2
+    python -m launch.sweep --sweep=kv_cache --sweep_dir=experiments/kv_cache/report \
+        --parallel=2
 
 Evaluation only (:mod:`experiments.kv_cache`): each arm decodes the same 512 held-out
 3-digit additions per seed with a KV cache stored one way, against the fp32 cache.

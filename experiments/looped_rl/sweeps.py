@@ -1,7 +1,7 @@
 """The ``looped_rl`` sweep: ScaleRLT's replay vs the dense learner, by precision.
 
-    flock /work/sweep.lock python -m launch.sweep --sweep=looped_rl \
-        --sweep_dir=experiments/looped_rl/report --parallel=2
+    python -m launch.sweep --sweep=looped_rl --sweep_dir=experiments/looped_rl/report \
+        --parallel=2
 
 GRPO on 3-digit addition with a looped LM (:mod:`experiments.looped_rl`: one shared
 block of d_model 64 applied up to 3 times, Ouro's exit gate at threshold 0.5; 16

@@ -5,8 +5,8 @@ exponents through math.frexp on float64, so nothing here shares code with numeri
 (only the format table's constants: max, emin, mantissa bits, emax). Codes are the
 ml_dtypes / two's-complement storage bytes.
 
-Stochastic rounding follows the definition the library documents (DESIGN.md,
-numerics.rounding): with ``r`` random bits ``u`` (the top ``r`` bits of the element's
+Stochastic rounding follows the definition the library documents (the README's
+"Stochastic rounding" and numerics.rounding): with ``r`` random bits ``u`` (the top ``r`` bits of the element's
 word) and ``frac`` the discarded fraction of a grid quantum, the magnitude rounds away
 from zero iff ``u + floor(frac * 2^r) >= 2^r``, so P(away) is ``frac`` quantized to
 ``2^-r``. It is computed here in float64 on values, not on bit patterns; the words

@@ -65,6 +65,11 @@ def test_run_options_resolution(tmp_path, monkeypatch):
   assert o.run_name == "default" and o.results_file == o.workdir + "/results.jsonl"
   o = resolve_run_options(RunOptions(workdir="x/y"), "lm")
   assert o.run_name == "y"
+  # The README's "add --recipe=mxfp8" after the quick start gets a run of its own.
+  from experiments.lm.experiment import LMConfig  # pylint: disable=import-outside-toplevel
+  o = resolve_run_options(RunOptions(), "lm", LMConfig(recipe="mxfp8"))
+  assert o.workdir == str(tmp_path / "runs" / "lm" / "recipe=mxfp8")
+  assert resolve_run_options(RunOptions(), "lm", LMConfig()).run_name == "default"
   with pytest.raises(ValueError):
     resolve_run_options(RunOptions(stop_at_step=-1), "lm")
 

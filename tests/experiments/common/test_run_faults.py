@@ -210,6 +210,23 @@ def test_out_of_domain_config_values_are_refused_before_running(tmp_path):
   assert not os.path.exists(tmp_path / "run")
 
 
+def test_resume_with_a_changed_config_is_refused_listing_the_fields(tmp_path):
+  """Before: ``--resume --recipe=mxfp8`` on a bf16 run silently continued the bf16
+  checkpoint and wrote an "mxfp8" results row (issue 15)."""
+  wd = tmp_path / "run"
+  _run(wd, config=dataclasses.replace(TINY, recipe="bf16"), stop_at_step=4)
+  changed = dataclasses.replace(TINY, recipe="mxfp8", learning_rate=1e-2)
+  with pytest.raises(ValueError, match="refusing to --resume") as err:
+    _run(wd, config=changed, resume=True)
+  assert "recipe: recorded 'bf16', now 'mxfp8'" in str(err.value)
+  assert "learning_rate: recorded 0.003, now 0.01" in str(err.value)
+  assert read_results(str(wd / "results.jsonl")) == []  # no row for the refused run
+  # the recorded config resumes and completes, with one row
+  assert _run(wd, config=dataclasses.replace(TINY, recipe="bf16"), resume=True)["completed"]
+  [row] = read_results(str(wd / "results.jsonl"))
+  assert row["config"]["recipe"] == "bf16"
+
+
 def test_every_numeric_config_field_declares_its_domain():
   import typing  # pylint: disable=import-outside-toplevel
   from experiments.alto.experiment import AltoConfig  # pylint: disable=import-outside-toplevel
@@ -218,8 +235,11 @@ def test_every_numeric_config_field_declares_its_domain():
   from experiments.mxfp8_rl.experiment import MXFP8RLConfig  # pylint: disable=import-outside-toplevel
   from experiments.stale_sampler.experiment import StaleSamplerConfig  # pylint: disable=import-outside-toplevel
   from experiments.temperon.experiment import TemperonConfig  # pylint: disable=import-outside-toplevel
+  from experiments.kv_cache.experiment import KVCacheConfig  # pylint: disable=import-outside-toplevel
+  from experiments.looped_rl.experiment import LoopedRLConfig  # pylint: disable=import-outside-toplevel
   for cls in (lm.LMConfig, AltoConfig, TemperonConfig, MemoirExperimentConfig,
-              StaleSamplerConfig, FairCastConfig, MXFP8RLConfig, RunOptions):
+              StaleSamplerConfig, FairCastConfig, MXFP8RLConfig, KVCacheConfig,
+              LoopedRLConfig, RunOptions):
     hints = typing.get_type_hints(cls)
     undeclared = [f.name for f in dataclasses.fields(cls)
                   if hints[f.name] in (int, float) and "domain" not in f.metadata]
