@@ -127,3 +127,15 @@ def test_appendix_names_the_seeds_whose_base_did_not_learn(tmp_path):
   text = kv_cache_appendix(str(tmp_path))
   assert "**The bases of seeds [2] did not learn the task**" in text
   assert "seed 1: [0.99]; seed 2: [0.03]" in text
+
+
+def test_warm_start_doubles_its_steps_until_the_target_accuracy(tmp_path):
+  tiny = dict(d_model=16, num_layers=1, d_ff=16, pretrain_steps=2, eval_problems=8,
+              pretrain_dir=str(tmp_path / "pretrain"))
+  # A target no 2-8 step base reaches: three attempts, the last (8 steps) is used.
+  _, info = kv.base_params(kv.KVCacheConfig(pretrain_target_accuracy=1.0,
+                                            pretrain_attempts=3, **tiny))
+  assert info["pretrain_steps"] == 8 and info["greedy_accuracy"] < 1.0
+  # Any base meets a target of 0: the first attempt is kept.
+  _, info = kv.base_params(kv.KVCacheConfig(pretrain_target_accuracy=0.0, **tiny))
+  assert info["pretrain_steps"] == 2
