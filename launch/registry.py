@@ -22,6 +22,7 @@ _REGISTRY: dict[str, str] = {
     "memoir": "experiments.memoir.sweeps:memoir",
     "memoir_long": "experiments.memoir.sweeps:memoir_long",
     "kv_cache": "experiments.kv_cache.sweeps:kv_cache",
+    "optimizer_state": "experiments.optimizer_state.sweeps:optimizer_state",
     "looped_rl": "experiments.looped_rl.sweeps:looped_rl",
 }
 

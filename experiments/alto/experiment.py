@@ -59,7 +59,9 @@ class AltoConfig(lm.LMConfig):
                                  domain="[0, inf)")
   histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.",
                                       domain="[0, inf)")
-  num_experts: int = config_field(8, "Experts per MoE feed-forward.", domain="[1, inf)")
+  num_experts: int = config_field(8, "Experts per MoE feed-forward (0: a dense feed-forward "
+                                  "of width d_ff, the dense control of a derived study).",
+                                  domain="[0, inf)")
   experts_per_token: int = config_field(2, "Top-k experts per token.", domain="[1, inf)")
   moe_capacity_factor: float = config_field(1.25, "Expert slots = factor * tokens * k / E.",
                                             domain="(0, inf)")
@@ -87,8 +89,6 @@ class AltoConfig(lm.LMConfig):
     if unknown:
       raise ValueError(f"unknown recipe_options {sorted(unknown)}; known: "
                        f"{', '.join(RECIPE_OPTIONS)}")
-    if self.num_experts < 1:
-      raise ValueError(f"num_experts must be >= 1, got {self.num_experts}")
     if self.option_list and self.recipe in ("fp32", "bf16"):
       raise ValueError(f"recipe_options need a quantized recipe, got {self.recipe!r}")
     recipe = self.build_recipe()  # fails early on an inconsistent option combination

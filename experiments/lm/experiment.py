@@ -16,7 +16,7 @@ import functools
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -124,12 +124,18 @@ class LMConfig:
     return {}
 
 
-def make_optimizer(config: LMConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup + cosine decay, optionally after global-norm clipping."""
+def make_optimizer(config: LMConfig, adamw: Callable[..., optax.GradientTransformation]
+                   = optax.adamw) -> optax.GradientTransformation:
+  """AdamW with linear warmup + cosine decay, optionally after global-norm clipping.
+
+  ``adamw(schedule, b2=..., weight_decay=...)`` builds the AdamW (``optax.adamw``, or
+  a drop-in such as :func:`numerics.optim.quantized_adam.quantized_adamw` with its
+  state format bound).
+  """
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, config.learning_rate, max(config.warmup_steps, 1), config.num_steps,
       end_value=0.1 * config.learning_rate)
-  adam = optax.adamw(schedule, b2=config.beta2, weight_decay=config.weight_decay)
+  adam = adamw(schedule, b2=config.beta2, weight_decay=config.weight_decay)
   return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \
       if config.grad_clip > 0 else adam
 
