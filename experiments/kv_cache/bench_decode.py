@@ -44,7 +44,7 @@ def _best(fns: dict[str, callable], repeats: int) -> dict[str, float]:
 def main(argv):
   del argv
   for prompt_len, num_new in SHAPES:
-    cfg = TransformerConfig(vocab_size=14, d_model=64, num_layers=2, num_heads=2,
+    cfg = TransformerConfig(vocab_size=14, d_model=64, num_layers=2, num_heads=4,
                             d_ff=256, max_len=prompt_len + num_new)
     model = DecoderLM(cfg)
     key = jax.random.PRNGKey(0)
