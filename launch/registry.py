@@ -23,6 +23,7 @@ _REGISTRY: dict[str, str] = {
     "memoir_long": "experiments.memoir.sweeps:memoir_long",
     "kv_cache": "experiments.kv_cache.sweeps:kv_cache",
     "looped_rl": "experiments.looped_rl.sweeps:looped_rl",
+    "qlora": "experiments.qlora.sweeps:qlora",
 }
 
 
