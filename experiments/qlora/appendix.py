@@ -71,8 +71,9 @@ def bench_section(bench: dict[str, Any]) -> list[str]:
            f"model (d_model {c['d_model']}, {c['num_layers']} blocks, d_ff {c['d_ff']}, "
            f"batch {c['batch_size']} x {c['seq_len']}), each method's jitted train step "
            f"timed interleaved, min of {bench['repeats']} calls per round, "
-           f"{bench['rounds']} rounds. Ratio to `{bench['baseline']}` per round: median "
-           "[min, max].", "",
+           f"{bench['rounds']} rounds (load average {bench['load_average_before'][0]} "
+           f"before, {bench['load_average_after'][0]} after: the machine is shared). "
+           f"Ratio to `{bench['baseline']}` per round: median [min, max].", "",
            "| method | ms / step | ratio to bf16_lora |", "|---|---|---|"]
   for name, s in bench["train_step"].items():
     lines.append(f"| `{name}` | {s['ms']:.1f} | {s['ratio']:.3f} [{s['ratio_min']:.3f}, "

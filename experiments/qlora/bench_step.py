@@ -179,6 +179,7 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
       "rounds": rounds, "repeats": repeats, "baseline": BASELINE,
       "backend": jax.default_backend(), "jax": jax.__version__,
       "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+      "load_average_before": [round(x, 2) for x in os.getloadavg()],
       "git_commit": run_metadata.git_state().get("commit", ""),
   }
   fns = dict(steps)
@@ -195,6 +196,7 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
       sub = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
       out["gemm"][name] = {**info, "times": summarize(sub, "bf16_weight")}
   out["per_round_s"] = {k: times[k] for k in steps}
+  out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   return out
 
 
