@@ -51,8 +51,8 @@ from experiments.qlora.experiment import QLoRAConfig, make_optimizer, make_setup
 from models.transformer import bf16_dot_general
 from numerics import nf4
 
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved rounds.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per method per round (min).")
+_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
+_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per method per round (min).")
 _OUT = flags.DEFINE_string("out", "experiments/qlora/report/bench_step.json",
                            "Where to write the JSON ('' : nowhere).")
 _SIZE = flags.DEFINE_list("size", [], "name=value overrides of the QLoRAConfig "
