@@ -1,7 +1,8 @@
 """The qlora sweep's report appendix: memory by method, losses, the step-time benchmark.
 
-The benchmark section reads ``bench_step.json`` in the sweep directory (written by
-``python -m experiments.qlora.bench_step``) and applies the speed claims' rules that
+The benchmark sections read ``bench_step.json`` (the sweep's model) and any other
+``bench_step*.json`` in the sweep directory (written by ``python -m
+experiments.qlora.bench_step [--out=...]``) and apply the speed claims' rules that
 :mod:`experiments.qlora.sweeps` states (every round's ratio on one side of the bound).
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from experiments.common.stats import format_spread
 from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run
+from experiments.qlora.experiment import ARCH_FIELDS, QLoRAConfig
 
 BENCH_FILE = "bench_step.json"
 NO_SLOWDOWN = 1.02  # "removes the slowdown": at most 2% slower than bf16 LoRA
@@ -62,12 +64,24 @@ def _per_round_ratios(bench: dict[str, Any], name: str) -> list[float]:
   return [t / b for t, b in zip(rounds[name], rounds[bench["baseline"]])]
 
 
-def bench_section(bench: dict[str, Any]) -> list[str]:
+def bench_command(bench: dict[str, Any], file_name: str) -> str:
+  """The command that wrote ``bench`` (its flags rebuilt from what it recorded)."""
+  default = QLoRAConfig()
+  size = [f"{k}={v}" for k, v in bench["config"].items()
+          if k in ARCH_FIELDS and v != getattr(default, k)]
+  flags = [f"--rounds={bench['rounds']}", f"--repeats={bench['repeats']}"]
+  flags += [f"--size={','.join(size)}"] if size else []
+  flags += [] if "gemm" in bench else ["--gemms=false"]
+  flags += [] if file_name == BENCH_FILE else [f"--out=<sweep_dir>/{file_name}"]
+  return " ".join(["python -m experiments.qlora.bench_step"] + flags)
+
+
+def bench_section(bench: dict[str, Any], file_name: str = BENCH_FILE) -> list[str]:
   """Markdown lines of the benchmark's tables and the speed claims' verdicts."""
   c = bench["config"]
-  lines = ["## Step time, measured in one process", "",
-           f"`python -m experiments.qlora.bench_step` (commit `{bench['git_commit'][:7]}`, "
-           f"{bench['backend']}, {bench['cpus']} cores, jax {bench['jax']}): the sweep's "
+  lines = [f"### `{file_name}`: d_model {c['d_model']}, d_ff {c['d_ff']}", "",
+           f"`{bench_command(bench, file_name)}` (commit `{bench['git_commit'][:7]}`, "
+           f"{bench['backend']}, {bench['cpus']} cores, jax {bench['jax']}): the "
            f"model (d_model {c['d_model']}, {c['num_layers']} blocks, d_ff {c['d_ff']}, "
            f"batch {c['batch_size']} x {c['seq_len']}), each method's jitted train step "
            f"timed interleaved, min of {bench['repeats']} calls per round, "
@@ -141,11 +155,14 @@ def qlora_appendix(sweep_dir: str) -> str:
             f"(one base for every run). Frozen base bit-identical after fine-tuning "
             f"(sha1 of every stored leaf) in {sum(u == 1.0 for u in unchanged)} of "
             f"{len(unchanged)} LoRA runs.", ""]
-  path = os.path.join(sweep_dir, BENCH_FILE)
-  if os.path.exists(path):
-    with open(path) as f:
-      lines += bench_section(json.load(f))
-  else:
+  benches = sorted(f for f in os.listdir(sweep_dir)
+                   if f.startswith("bench_step") and f.endswith(".json"))
+  if benches:
+    lines += ["## Step time, measured in one process", ""]
+  for name in benches:  # bench_step.json (the sweep's model), then larger ones
+    with open(os.path.join(sweep_dir, name)) as f:
+      lines += bench_section(json.load(f), name)
+  if not benches:
     lines += [f"No `{BENCH_FILE}` in the sweep directory: run "
               "`python -m experiments.qlora.bench_step` for the step-time ratios.", ""]
   return "\n".join(lines)

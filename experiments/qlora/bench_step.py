@@ -47,7 +47,8 @@ import numpy as np
 
 from experiments.common import run_metadata
 from experiments.common.train_loop import init_train_state, make_train_step
-from experiments.qlora.experiment import QLoRAConfig, make_optimizer, make_setup
+from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
+                                         make_setup)
 from models.transformer import bf16_dot_general
 from numerics import nf4
 
@@ -69,7 +70,6 @@ METHODS = {
     "full_ft": {"method": "full"},
 }
 VOCAB = 84  # the corpus's character vocabulary (the time barely depends on it)
-_ARCH = ("seq_len", "batch_size", "d_model", "num_layers", "num_heads", "d_ff")
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, repeats: int
@@ -174,7 +174,7 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
   t0 = time.perf_counter()
   steps = _step_fns(config, params, batch)
   out: dict[str, Any] = {
-      "config": {k: getattr(config, k) for k in _ARCH + ("rank", "alpha", "nf4_block_size",
+      "config": {k: getattr(config, k) for k in ARCH_FIELDS + ("rank", "alpha", "nf4_block_size",
                                                           "double_quant")},
       "rounds": rounds, "repeats": repeats, "baseline": BASELINE,
       "backend": jax.default_backend(), "jax": jax.__version__,
@@ -220,8 +220,8 @@ def main(argv):
   overrides = {}
   for item in _SIZE.value:
     k, v = item.split("=", 1)
-    if k not in _ARCH:
-      raise app.UsageError(f"--size names architecture fields only ({_ARCH}), got {k!r}")
+    if k not in ARCH_FIELDS:
+      raise app.UsageError(f"--size names architecture fields only ({ARCH_FIELDS}), got {k!r}")
     overrides[k] = int(v)
   config = dataclasses.replace(QLoRAConfig(), **overrides)
   result = run(config, _ROUNDS.value, _REPEATS.value, _GEMMS.value)

@@ -83,6 +83,7 @@ from numerics import memory
 
 EXPERIMENT = "qlora"
 METHODS = ("lora", "full")
+ARCH_FIELDS = ("seq_len", "batch_size", "d_model", "num_layers", "num_heads", "d_ff")
 _TITLE = re.compile(r"\n\n\n+([A-Z][A-Z ,'.\-]+)\n\nby William Shakespeare")
 
 
