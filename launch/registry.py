@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "kv_cache": "experiments.kv_cache.sweeps:kv_cache",
     "optimizer_state": "experiments.optimizer_state.sweeps:optimizer_state",
     "looped_rl": "experiments.looped_rl.sweeps:looped_rl",
+    "qlora": "experiments.qlora.sweeps:qlora",
 }
 
 

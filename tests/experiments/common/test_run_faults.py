@@ -238,9 +238,10 @@ def test_every_numeric_config_field_declares_its_domain():
   from experiments.kv_cache.experiment import KVCacheConfig  # pylint: disable=import-outside-toplevel
   from experiments.looped_rl.experiment import LoopedRLConfig  # pylint: disable=import-outside-toplevel
   from experiments.optimizer_state.experiment import OptimizerStateConfig  # pylint: disable=import-outside-toplevel
+  from experiments.qlora.experiment import QLoRAConfig  # pylint: disable=import-outside-toplevel
   for cls in (lm.LMConfig, AltoConfig, TemperonConfig, MemoirExperimentConfig,
               StaleSamplerConfig, FairCastConfig, MXFP8RLConfig, KVCacheConfig,
-              LoopedRLConfig, OptimizerStateConfig, RunOptions):
+              LoopedRLConfig, OptimizerStateConfig, QLoRAConfig, RunOptions):
     hints = typing.get_type_hints(cls)
     undeclared = [f.name for f in dataclasses.fields(cls)
                   if hints[f.name] in (int, float) and "domain" not in f.metadata]
