@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -77,6 +78,23 @@ def read_sweep_results(sweep_dir: str) -> SweepResults:
 def results_by_run(sweep_dir: str) -> dict[str, dict[str, Any]]:
   """``run_name -> results row`` of the manifest's runs (:func:`read_sweep_results`)."""
   return read_sweep_results(sweep_dir).rows
+
+
+def evaluation_metrics(sweep_dir: str
+                       ) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, float]]]]:
+  """Sweep info and ``arm -> seed -> {metric: value}`` from the results rows of the
+  evaluation runs (calibration runs left out; non-finite and non-numeric values
+  dropped). Every declared arm has an entry, empty when none of its runs reported."""
+  info = read_sweep_info(sweep_dir)
+  manifest = {m["run_name"]: m for m in read_manifest(sweep_dir)}
+  runs: dict[str, dict[int, dict[str, float]]] = {a["name"]: {} for a in info["arms"]}
+  for name, row in results_by_run(sweep_dir).items():
+    m = manifest.get(name)
+    if m is None or m.get("calibration"):
+      continue
+    runs[m["arm"]][m["seed"]] = {k: v for k, v in (row.get("metrics") or {}).items()
+                                 if isinstance(v, (int, float)) and math.isfinite(v)}
+  return info, runs
 
 
 def completed_curves(sweep_dir: str, *, complete_tag: str, complete_len: int

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from experiments.common.stats import format_spread
-from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run
+from experiments.common.sweep_data import evaluation_metrics
 
 FAIL_ACCURACY = 0.05  # "fails to answer any questions": below 5% exact matches
 # A base below this with the fp32 cache has not learned the task: a cache cannot be
@@ -14,23 +11,10 @@ FAIL_ACCURACY = 0.05  # "fails to answer any questions": below 5% exact matches
 SOLID_BASE_ACCURACY = 0.9
 
 
-def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, float]]]]:
-  """(sweep info, arm -> seed -> metrics) over the evaluation runs."""
-  info = read_sweep_info(sweep_dir)
-  manifest = {m["run_name"]: m for m in read_manifest(sweep_dir)}
-  runs: dict[str, dict[int, dict[str, float]]] = {a["name"]: {} for a in info["arms"]}
-  for name, row in results_by_run(sweep_dir).items():
-    m = manifest.get(name)
-    if m is None or m.get("calibration"):
-      continue
-    runs[m["arm"]][m["seed"]] = {k: v for k, v in (row.get("metrics") or {}).items()
-                                 if isinstance(v, (int, float)) and math.isfinite(v)}
-  return info, runs
-
 
 def kv_cache_appendix(sweep_dir: str) -> str:
   """Markdown: the per-arm table, the failure counts and the exactness check."""
-  info, runs = _runs(sweep_dir)
+  info, runs = evaluation_metrics(sweep_dir)
   col = lambda seeds, tag, digits=4: format_spread([s.get(tag) for s in seeds.values()],
                                                    digits)
   lines = ["", "## Every cache", "",

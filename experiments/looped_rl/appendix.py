@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from experiments.common.stats import format_spread
-from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run
+from experiments.common.sweep_data import evaluation_metrics
 
-
-def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, float]]]]:
-  """(sweep info, arm -> seed -> metrics) over the evaluation runs."""
-  info = read_sweep_info(sweep_dir)
-  manifest = {m["run_name"]: m for m in read_manifest(sweep_dir)}
-  runs: dict[str, dict[int, dict[str, float]]] = {a["name"]: {} for a in info["arms"]}
-  for name, row in results_by_run(sweep_dir).items():
-    m = manifest.get(name)
-    if m is None or m.get("calibration"):
-      continue
-    runs[m["arm"]][m["seed"]] = {k: v for k, v in (row.get("metrics") or {}).items()
-                                 if isinstance(v, (int, float)) and math.isfinite(v)}
-  return info, runs
 
 
 def looped_rl_appendix(sweep_dir: str) -> str:
   """Markdown: per arm, the ratio's exactness, the dense-vs-deferred mismatch, PPO
   clipping and the reward."""
-  info, runs = _runs(sweep_dir)
+  info, runs = evaluation_metrics(sweep_dir)
   col = lambda seeds, tag, digits=4: format_spread([s.get(tag) for s in seeds.values()],
                                                    digits)
   lines = ["", "## Ratio exactness, mismatch and clipping", "",

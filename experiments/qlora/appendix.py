@@ -9,30 +9,16 @@ experiments.qlora.bench_step [--out=...]``) and apply the speed claims' rules th
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
 from experiments.common.stats import format_spread
-from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run
+from experiments.common.sweep_data import evaluation_metrics
 from experiments.qlora.experiment import ARCH_FIELDS, QLoRAConfig
 
 BENCH_FILE = "bench_step.json"
 NO_SLOWDOWN = 1.02  # "removes the slowdown": at most 2% slower than bf16 LoRA
 
-
-def _runs(sweep_dir: str) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, float]]]]:
-  """(sweep info, arm -> seed -> metrics) over the evaluation runs."""
-  info = read_sweep_info(sweep_dir)
-  manifest = {m["run_name"]: m for m in read_manifest(sweep_dir)}
-  runs: dict[str, dict[int, dict[str, float]]] = {a["name"]: {} for a in info["arms"]}
-  for name, row in results_by_run(sweep_dir).items():
-    m = manifest.get(name)
-    if m is None or m.get("calibration"):
-      continue
-    runs[m["arm"]][m["seed"]] = {k: v for k, v in (row.get("metrics") or {}).items()
-                                 if isinstance(v, (int, float)) and math.isfinite(v)}
-  return info, runs
 
 
 def _one(seeds: dict[int, dict[str, float]], tag: str) -> str:
@@ -122,7 +108,7 @@ def bench_section(bench: dict[str, Any], file_name: str = BENCH_FILE) -> list[st
 
 def qlora_appendix(sweep_dir: str) -> str:
   """Markdown: the memory and loss table by arm, then the benchmark (if committed)."""
-  info, runs = _runs(sweep_dir)
+  info, runs = evaluation_metrics(sweep_dir)
   col = lambda seeds, tag, d=4: format_spread([s.get(tag) for s in seeds.values()], d)
   lines = ["", "## Memory and loss by method", "",
            "Bytes as stored (`numerics.memory.tree_bytes`; exact, the same in every "
