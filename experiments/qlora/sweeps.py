@@ -1,6 +1,6 @@
 """The ``qlora`` sweep: NF4 + LoRA vs bf16 + LoRA vs full fine-tuning, in miniature.
 
-    flock /work/sweep.lock python -m launch.sweep --sweep=qlora \
+    python -m launch.sweep --sweep=qlora \
         --sweep_dir=experiments/qlora/report --parallel=2
     python -m experiments.qlora.bench_step     # the in-process step-time ratios
 
