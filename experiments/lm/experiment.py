@@ -132,12 +132,21 @@ def make_optimizer(config: LMConfig, adamw: Callable[..., optax.GradientTransfor
   a drop-in such as :func:`numerics.optim.quantized_adam.quantized_adamw` with its
   state format bound).
   """
+  return scheduled_adamw(config.learning_rate, config.num_steps, config.warmup_steps,
+                         config.weight_decay, config.beta2, config.grad_clip, adamw)
+
+
+def scheduled_adamw(learning_rate: float, num_steps: int, warmup_steps: int,
+                    weight_decay: float, beta2: float, grad_clip: float,
+                    adamw: Callable[..., optax.GradientTransformation] = optax.adamw
+                    ) -> optax.GradientTransformation:
+  """:func:`make_optimizer` from its values: linear warmup over ``max(warmup_steps, 1)``
+  steps, cosine decay to 10% at ``num_steps``, global-norm clipping at ``grad_clip``
+  (0: none) before the AdamW that ``adamw`` builds."""
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.learning_rate, max(config.warmup_steps, 1), config.num_steps,
-      end_value=0.1 * config.learning_rate)
-  adam = adamw(schedule, b2=config.beta2, weight_decay=config.weight_decay)
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \
-      if config.grad_clip > 0 else adam
+      0.0, learning_rate, max(warmup_steps, 1), num_steps, end_value=0.1 * learning_rate)
+  adam = adamw(schedule, b2=beta2, weight_decay=weight_decay)
+  return optax.chain(optax.clip_by_global_norm(grad_clip), adam) if grad_clip > 0 else adam
 
 
 def hparams_of(config: LMConfig) -> dict[str, Any]:

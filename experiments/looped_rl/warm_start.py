@@ -14,17 +14,15 @@ included; a file lock makes parallel runs of one seed train it once.
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from experiments.common import arithmetic_task as task
+from experiments.common import params_cache
 from models import looped
 from models.transformer import next_token_loss
 
@@ -40,24 +38,18 @@ def warm_start(model: looped.LoopedLM, fields: Mapping[str, Any], *, seed: int,
   ``model`` must be float32 (the weights are trained in float32 whatever the run's
   recipe).
   """
-  digest = hashlib.sha1(json.dumps(dict(fields), sort_keys=True).encode()).hexdigest()[:10]
   os.makedirs(cache_dir, exist_ok=True)
-  path = os.path.join(cache_dir, f"looped-{digest}.npz")
+  path = os.path.join(cache_dir, f"looped-{params_cache.digest(fields)}.npz")
   key = jax.random.PRNGKey(seed)
   length = task.prompt_length(digits) + task.answer_length(digits) - 1
   params = model.init(key, jnp.zeros((1, length), jnp.int32), key)["params"]
-  leaves, treedef = jax.tree.flatten(params)
   with open(f"{path}.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
     if not os.path.exists(path):
       params = _train(model, params, seed=seed, steps=steps, batch=batch, lr=lr,
                       digits=digits)
-      tmp = f"{path}.{os.getpid()}.tmp.npz"
-      np.savez(tmp, **{f"p{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(params))})
-      os.replace(tmp, path)
-  with np.load(path) as f:
-    return jax.tree.unflatten(treedef, [jnp.asarray(f[f"p{i}"])
-                                        for i in range(len(leaves))]), path
+      params_cache.save(path, params)
+  return params_cache.load(path, params)[0], path
 
 
 def _train(model: looped.LoopedLM, params: Any, *, seed: int, steps: int, batch: int,

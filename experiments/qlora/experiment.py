@@ -54,7 +54,6 @@ import dataclasses
 import fcntl
 import functools
 import hashlib
-import json
 import math
 import os
 import re
@@ -67,6 +66,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import params_cache
 from experiments.common import run_metadata
 from experiments.common import shakespeare
 from experiments.common import workdir as workdir_lib
@@ -75,6 +75,7 @@ from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import finish_run, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
+from experiments.lm import experiment as lm
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
                                            restore_or_initialize, run_loop)
 from models import lora
@@ -222,16 +223,13 @@ _PRETRAIN_FIELDS = ("holdout_play", "finetune_eval_fraction", "seq_len", "batch_
 
 def pretrain_digest(config: QLoRAConfig) -> str:
   """The cache key: a hash of every field that defines the pretrained base."""
-  fields = {k: getattr(config, k) for k in _PRETRAIN_FIELDS}
-  return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+  return params_cache.digest({k: getattr(config, k) for k in _PRETRAIN_FIELDS})
 
 
 def _adamw(lr: float, steps: int, warmup: int, weight_decay: float, beta2: float,
            clip: float) -> optax.GradientTransformation:
-  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup, 1), max(steps, 2),
-                                                end_value=0.1 * lr)
-  adam = optax.adamw(schedule, b2=beta2, weight_decay=weight_decay)
-  return optax.chain(optax.clip_by_global_norm(clip), adam) if clip > 0 else adam
+  # The LM's schedule; at least 2 decay steps so a 1-step smoke run has a schedule.
+  return lm.scheduled_adamw(lr, max(steps, 2), warmup, weight_decay, beta2, clip)
 
 
 def _eval_data(config: QLoRAConfig, corpus: Corpus) -> list[dict[str, np.ndarray]]:
@@ -293,19 +291,12 @@ def pretrained_base(config: QLoRAConfig, model: DecoderLM, corpus: Corpus
   digest = pretrain_digest(config)
   os.makedirs(config.pretrain_dir, exist_ok=True)
   path = os.path.join(config.pretrain_dir, f"{digest}.npz")
-  treedef = jax.tree.structure(jax.eval_shape(lambda: _init_params(config, model)))
+  like = jax.eval_shape(lambda: _init_params(config, model))
   with open(os.path.join(config.pretrain_dir, f".lock-{digest}"), "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not os.path.exists(path):
-      params, info = _pretrain(config, model, corpus)
-      tmp = f"{path}.{os.getpid()}.tmp.npz"
-      np.savez(tmp, info=json.dumps(info), **{f"p{i}": np.asarray(x) for i, x in
-                                              enumerate(jax.tree.leaves(params))})
-      os.replace(tmp, path)
-  with np.load(path) as f:
-    params = jax.tree.unflatten(treedef, [jnp.asarray(f[f"p{i}"])
-                                          for i in range(treedef.num_leaves)])
-    info = json.loads(str(f["info"]))
+      params_cache.save(path, *_pretrain(config, model, corpus))
+  params, info = params_cache.load(path, like)
   return params, {**info, "digest": digest}
 
 

@@ -9,8 +9,6 @@ learner's exact-match accuracy with greedy decoding on fixed held-out problems.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 from typing import Any
 
@@ -20,6 +18,7 @@ import numpy as np
 import optax
 
 from experiments.common import arithmetic_task as task
+from experiments.common import params_cache
 from experiments.common.rl.config import RLConfig
 from models import sampling
 from models.transformer import DecoderLM, next_token_loss
@@ -33,17 +32,13 @@ def _pretrain_fields(config: RLConfig) -> dict[str, Any]:
 
 def warm_start(config: RLConfig, model: DecoderLM) -> tuple[Any, dict[str, float]]:
   """The supervised warm-start params (cached) and their greedy accuracy."""
-  fields = _pretrain_fields(config)
-  digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
-  path = os.path.join(config.pretrain_dir, f"{digest}.npz")
+  path = os.path.join(config.pretrain_dir,
+                      f"{params_cache.digest(_pretrain_fields(config))}.npz")
   key = jax.random.PRNGKey(config.pretrain_seed)
   length = task.prompt_length(config.digits) + task.answer_length(config.digits) - 1
   params = model.init(key, jnp.zeros((1, length), jnp.int32), key)["params"]
-  leaves, treedef = jax.tree.flatten(params)
   if os.path.exists(path):
-    with np.load(path) as f:
-      return jax.tree.unflatten(treedef, [jnp.asarray(f[f"p{i}"]) for i in
-                                          range(len(leaves))]), json.loads(str(f["info"]))
+    return params_cache.load(path, params)
   optimizer = optax.adamw(config.pretrain_lr, weight_decay=0.0)
 
   @jax.jit
@@ -63,10 +58,7 @@ def warm_start(config: RLConfig, model: DecoderLM) -> tuple[Any, dict[str, float
   info = {"pretrain_loss": float(loss) if config.pretrain_steps else float("nan"),
           **greedy_accuracy(model, params, config, position=0)}
   os.makedirs(config.pretrain_dir, exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp.npz"
-  np.savez(tmp, info=json.dumps(info), **{f"p{i}": np.asarray(x) for i, x in
-                                          enumerate(jax.tree.leaves(params))})
-  os.replace(tmp, path)  # atomic: parallel arms may race to write the same cache
+  params_cache.save(path, params, info)  # atomic: parallel arms may race to write it
   return params, info
 
 
