@@ -84,6 +84,16 @@ def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[i
       return stats_cell, "differs"
     return stats_cell, "not decided (no power to show equivalence)"
   better_sign = 1.0 if higher_is_better else -1.0
+  if claim["kind"] == "not_better":
+    e = paired_equivalence(arm, baseline, claim["margin"])  # its 90% interval's ends
+    gain_bound = e.ci_high if higher_is_better else -e.ci_low  # one-sided 95% bound
+    stats_cell += (f"; non-superiority margin {claim['margin']:g}: one-sided 95% bound "
+                   f"on the gain {_fmt(gain_bound)}")
+    if gain_bound < claim["margin"]:
+      return stats_cell, "held (no gain beyond the margin)"
+    if d.excludes_zero and d.mean * better_sign > 0:
+      return stats_cell, "opposite"
+    return stats_cell, "not decided (the bound reaches the margin)"
   claimed_sign = better_sign if claim["kind"] == "better" else -better_sign
   if not d.excludes_zero:
     return stats_cell, "not decided (the interval holds 0)"
@@ -102,7 +112,8 @@ def claims_table(info: dict[str, Any], values_of) -> list[str]:
            "Declared in the sweep before the runs. Paired by seed: `arm − baseline`, mean "
            "and 95% t-interval; *better*/*worse* claims are held when the interval "
            "excludes 0 on the claimed side, *equivalent* claims by a paired TOST at "
-           "level 0.05 with the stated margin. With few seeds, *not decided* means the "
+           "level 0.05 with the stated margin, *not_better* claims by the one-sided "
+           "non-superiority test at level 0.05 with the stated margin. With few seeds, *not decided* means the "
            "sweep lacked the power, not that the claim failed.", "",
            "| claim | comparison | paired difference | verdict |", "|---|---|---|---|"]
   for c in claims:

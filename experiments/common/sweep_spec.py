@@ -22,7 +22,8 @@ class Arm:
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-CLAIM_KINDS = ("better", "worse", "equivalent")
+CLAIM_KINDS = ("better", "worse", "equivalent", "not_better")
+_MARGIN_KINDS = ("equivalent", "not_better")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Claim:
   * ``equivalent``: the paper says they match. Decided by a paired TOST at level 0.05
     with ``margin`` (stated here, before the runs): *held* when equivalence is shown,
     *differs* when the 95% interval excludes 0, else *not decided* (no power).
+  * ``not_better``: the paper says ``arm`` is no better than ``baseline`` (e.g.
+    "stronger cooling is not better"). Decided by the one-sided paired t-test of
+    non-superiority at level 0.05 with ``margin``: *held* when the one-sided 95% upper
+    bound of ``arm``'s gain (in the metric's better direction) is below ``margin``,
+    *opposite* when the 95% interval shows a gain, else *not decided*.
 
   ``text`` is the claim in the paper's words, ``source`` where it comes from.
   """
@@ -54,9 +60,9 @@ class Claim:
   def __post_init__(self):
     if self.kind not in CLAIM_KINDS:
       raise ValueError(f"claim kind must be one of {CLAIM_KINDS}, got {self.kind!r}")
-    if self.kind == "equivalent" and not self.margin > 0:
-      raise ValueError(f"an equivalence claim needs a margin > 0, got {self.margin}")
-    if self.kind != "equivalent" and self.margin:
+    if self.kind in _MARGIN_KINDS and not self.margin > 0:
+      raise ValueError(f"a {self.kind!r} claim needs a margin > 0, got {self.margin}")
+    if self.kind not in _MARGIN_KINDS and self.margin:
       raise ValueError(f"margin is only for equivalence claims (kind {self.kind!r})")
 
 

@@ -171,7 +171,7 @@ class SyncChecks:
     learner, sampler = config.learner_model(), config.sampler_model()
     key = jax.random.PRNGKey(0)
     self.prompt_len = task.prompt_length(config.digits)
-    batch = task.supervised_batch(seed=config.pretrain_seed + 30_000, position=0,
+    batch = task.supervised_batch(seed=config.warm_start_seed + 30_000, position=0,
                                   batch_size=config.probe_problems, digits=config.digits)
     # The probe: prompts followed by their right answers (teacher-forced).
     self.tokens = jnp.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)

@@ -79,3 +79,23 @@ def test_claims_table_verdicts_by_hand():
   assert claim_verdict(eq, noisy, base, False)[1].startswith("not decided")
   assert claim_verdict(eq, lower, base, False)[1] == "differs"
   assert claim_verdict(better, {0: 1.0}, {0: 2.0}, False)[1] == "not decided (1 paired seeds)"
+
+
+def test_not_better_claim_by_hand():
+  """Non-superiority, worked by hand: differences (arm - base, higher is better) of
+  -0.02, 0, -0.01, +0.01 have mean -0.005 and sd 0.012910; the one-sided 95% bound is
+  -0.005 + t_{0.95,3} 2.353363 * 0.012910 / 2 = +0.010191."""
+  from launch.report import claim_verdict  # pylint: disable=import-outside-toplevel
+  base = {s: 0.5 for s in range(4)}
+  arm = {0: 0.48, 1: 0.5, 2: 0.49, 3: 0.51}
+  cell, verdict = claim_verdict({"kind": "not_better", "margin": 0.02}, arm, base, True)
+  assert verdict.startswith("held") and "0.0102" in cell
+  # the same bound against a margin it reaches: no decision
+  assert claim_verdict({"kind": "not_better", "margin": 0.01}, arm, base, True
+                       )[1].startswith("not decided")
+  gain = {s: 0.6 + 0.01 * s for s in range(4)}  # better on every seed
+  assert claim_verdict({"kind": "not_better", "margin": 0.02}, gain, base, True
+                       )[1] == "opposite"
+  # lower is better: the gain is base - arm, so a lower arm is the "opposite"
+  assert claim_verdict({"kind": "not_better", "margin": 0.02},
+                       {s: 0.4 - 0.01 * s for s in range(4)}, base, False)[1] == "opposite"

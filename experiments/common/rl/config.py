@@ -46,9 +46,18 @@ class RLConfig:
   d_ff: int = config_field(256, "Feed-forward hidden width.", domain="[1, inf)")
   pretrain_seed: int = config_field(0, "Seed of the supervised warm start (shared by arms).",
                                     domain="[0, inf)")
+  warm_start_per_seed: bool = config_field(
+      False, "Seed the warm start (and its held-out evaluation problems) with the run's "
+      "seed, so each seed starts from its own policy; pretrain_seed must then stay 0.")
   pretrain_steps: int = config_field(
       1200, "Supervised steps before RL (3 digits: ~43% greedy accuracy).",
       domain="[0, inf)")
+  pretrain_target_accuracy: float = config_field(
+      0.0, "Stop the warm start once its greedy accuracy on its own held-out problems "
+      "reaches this (0: always pretrain_steps).", domain="[0, 1]")
+  pretrain_check_every: int = config_field(
+      50, "Steps between the warm start's accuracy checks (with a target).",
+      domain="[1, inf)")
   pretrain_batch: int = config_field(64, "Supervised batch size.", domain="[1, inf)")
   pretrain_lr: float = config_field(3e-3, "Supervised AdamW learning rate.", domain="(0, inf)")
   pretrain_dir: str = config_field("runs/stale_sampler/pretrain",
@@ -60,6 +69,10 @@ class RLConfig:
                                       domain="(0, inf)")
   refresh_interval: int = config_field(8, "Sync the sampler every K learner updates.",
                                        domain="[1, inf)")
+  sampling_stream: int = config_field(
+      0, "Stream of the rollout keys: runs with the same (seed, update) but different "
+      "streams draw independent samples (same problems, same warm start).",
+      domain="[0, inf)")
   sampler_temperature: float = config_field(1.0, "Sampler temperature (cooling: < 1).",
                                             domain="(0, inf)")
   sampler_top_k: int = config_field(0, "Sampler top-k (0: off).", domain="[0, inf)")
@@ -99,11 +112,19 @@ class RLConfig:
       raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
     if self.pretrain_steps < 0:
       raise ValueError(f"pretrain_steps must be >= 0, got {self.pretrain_steps}")
+    if self.warm_start_per_seed and self.pretrain_seed != 0:
+      raise ValueError(f"pretrain_seed={self.pretrain_seed} conflicts with "
+                       "warm_start_per_seed=True (the warm start's seed is the run's seed)")
     if self.is_method != "none" and self.ratio_against == "sampler":
       raise ValueError("an IS weight with the ratio against the sampler corrects twice; "
                        "use ratio_against='learner'")
     sampling.processed_log_probs(jnp.zeros(2), self.sampler_temperature,
                                  self.sampler_top_k, self.sampler_top_p)
+
+  @property
+  def warm_start_seed(self) -> int:
+    """The seed of the warm start and of its held-out evaluation problems."""
+    return self.seed if self.warm_start_per_seed else self.pretrain_seed
 
   @property
   def sampler_kwargs(self) -> dict[str, Any]:

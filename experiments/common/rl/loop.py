@@ -15,7 +15,8 @@ logging and progress are the supervised experiments'):
 
 The first update of a process runs Pan's harness checks
 (:mod:`experiments.common.rl.harness_checks`). Sampling keys and the export's random
-bits are functions of ``(seed, update)``, so ``--resume`` continues bit for bit.
+bits are functions of ``(seed, update)`` (the sampling keys also of
+``sampling_stream``: :func:`rollout_keys`), so ``--resume`` continues bit for bit.
 
 Logged per update: ``train/*`` (loss terms, IS and mismatch statistics, reward),
 ``rl/*`` (staleness, cycle step, sampler version, refresh), ``perf/update_s`` and the
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from experiments.common.rl import harness_checks
 from experiments.common.rl.config import RLConfig, make_model
 from experiments.common.rl.warm_start import greedy_accuracy, warm_start
 from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
 from models import sampling
@@ -51,6 +53,37 @@ from numerics.rl import sampler_copy
 
 # The held-out problems of the learner's evaluation (a fixed set, the same for every arm).
 EVAL_POSITION = 1
+
+
+def rollout_keys(seed: int, stream: int) -> Callable[[int], jax.Array]:
+  """``update -> key`` of the rollout sampling: a function of (seed, stream, update).
+
+  Stream 0 is the historical ``fold_in(PRNGKey(seed), update)``; another stream folds
+  ``(1 << 29) + stream`` into the seed's key first, so two arms of a sweep with
+  different streams draw independent samples although they see the same problems.
+  """
+  base = jax.random.PRNGKey(seed)
+  if stream:
+    base = jax.random.fold_in(base, (1 << 29) + stream)
+  return lambda update: jax.random.fold_in(base, update)
+
+
+def accuracy_summary(curve: list[tuple[int, float]], done: int) -> dict[str, float]:
+  """The learner's greedy accuracy over the run, from its evaluations ``[(update,
+  value), ...]`` (update 0 is the warm start's): ``accuracy/mean_over_training`` and
+  ``accuracy/min`` over the evaluations after update 0, ``accuracy/last_quarter`` over
+  those in the last quarter of the ``done`` updates (at least the final one). NaN when
+  there is no evaluation after update 0."""
+  after = [(u, v) for u, v in curve if 0 < u <= done]
+  if not after:
+    nan = float("nan")
+    return {"accuracy/mean_over_training": nan, "accuracy/min": nan,
+            "accuracy/last_quarter": nan}
+  values = np.asarray([v for _, v in after], np.float64)
+  tail = [v for u, v in after if u > done - max(1, done // 4)] or [after[-1][1]]
+  return {"accuracy/mean_over_training": float(values.mean()),
+          "accuracy/min": float(values.min()),
+          "accuracy/last_quarter": float(np.mean(tail))}
 
 
 class RLState(NamedTuple):
@@ -86,6 +119,7 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
   num_new = task.answer_length(config.digits)
   key = jax.random.PRNGKey(config.seed)
   export_key = jax.random.fold_in(key, 1 << 30)  # the export's bits, apart from sampling's
+  rollout_key = rollout_keys(config.seed, config.sampling_stream)
   export_fn = jax.jit(exporter.export)
 
   def fresh() -> Snapshot:
@@ -162,8 +196,7 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
       if fingerprint in seen:
         raise RuntimeError(f"update {update}: batch {fingerprint} was already used")
       seen.add(fingerprint)
-      samples = draw(sampler.params, jnp.asarray(batch["prompts"]),
-                     jax.random.fold_in(key, update))
+      samples = draw(sampler.params, jnp.asarray(batch["prompts"]), rollout_key(update))
       completions = np.asarray(samples.tokens[:, prompt_len:])
       reward = task.rewards(completions, batch["answers"])
       mask = task.completion_mask(completions)
@@ -201,10 +234,15 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
     done = result.snapshot.step
     rewards = np.asarray(result.snapshot.state.rewards)
     last = max(1, config.num_updates // 4)
+    writer.flush()  # the accuracy curve is read back from the events (a resumed run's too)
+    curve = read_scalars(options.workdir).get("eval/greedy_accuracy", [])
     metrics = {**loop_metrics(result),
                "reward/mean_over_training": float(np.mean(rewards[:done])),
                "reward/last_quarter": float(np.mean(rewards[max(done - last, 0):done])),
-               "warm_start/greedy_accuracy": warm_info["greedy_accuracy"]}
+               **accuracy_summary(curve, done),
+               "warm_start/greedy_accuracy": warm_info["greedy_accuracy"],
+               "warm_start/pretrain_steps": float(warm_info.get("pretrain_steps_used",
+                                                                float("nan")))}
     summary = run_summary(experiment, options, config, result, start_time=t0,
                           num_params=sum(x.size for x in jax.tree.leaves(warm)),
                           resumed_from_step=start.step, metrics=metrics,

@@ -59,7 +59,7 @@ def _plant(tmp_path, arms):
   base = dataclasses.replace(registry.get("stale_sampler").base, num_updates=32,
                              eval_every=8)
   sweep = dataclasses.replace(registry.get("stale_sampler"), base=base, seeds=(0, 1),
-                              arms=arms)
+                              arms=arms, baseline=arms[0].name, claims=())
   runs = expand(sweep, str(tmp_path))
   write_manifest(sweep, runs, str(tmp_path))
   for r in runs:
@@ -75,6 +75,10 @@ def _plant(tmp_path, arms):
                                "train/mismatch_k3": 0.01 * cycle_step + 0.1 * r.seed,
                                "train/mismatch_max_abs_delta_logp": 1.0,
                                "train/is_clipped_frac": 0.0, "train/is_ess": 1.0})
+    # the run's summary scalars: seed 1's warm start stopped short of the 0.4 target
+    writer.write_scalars(32, {"warm_start/greedy_accuracy": 0.45 - 0.1 * r.seed,
+                              "warm_start/pretrain_steps": 850 + 3150 * r.seed,
+                              "accuracy/last_quarter": 0.5 + 0.1 * r.seed})
     writer.close()
   return sweep
 
@@ -106,3 +110,7 @@ def test_appendix_on_planted_runs(tmp_path):
     assert os.path.exists(tmp_path / "plots" / f"{name}.png")
     assert f"plots/{name}.png" in md
   assert rows  # sanity: the tables parsed
+  # Warm starts: update 0 is the planted 0.4; the control (tis_K8) ends at 0.5 / 0.6.
+  assert "| 0 | 850 | 0.450 | 0.400 | 0.500 | +0.100 |" in md
+  assert "| 1 | 4000 | 0.350 | 0.400 | 0.600 | +0.200 |" in md
+  assert "seeds [1] stopped at the step cap" in md

@@ -78,3 +78,70 @@ def test_config_validation(tiny):
     dataclasses.replace(tiny, group_size=1)
   with pytest.raises(ValueError, match="temperature"):
     dataclasses.replace(tiny, sampler_temperature=0.0)
+
+
+def test_rollout_keys_streams():
+  """Stream 0 keeps the historical keys; other streams are independent of it and of
+  each other, and every stream is a pure function of (seed, stream, update)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  data = lambda k: np.asarray(jax.random.key_data(k))
+  for u in (0, 7):
+    np.testing.assert_array_equal(data(rl_loop.rollout_keys(3, 0)(u)),
+                                  data(jax.random.fold_in(jax.random.PRNGKey(3), u)))
+  keys = {s: data(rl_loop.rollout_keys(3, s)(5)).tobytes() for s in (0, 1, 2)}
+  assert len(set(keys.values())) == 3
+  assert data(rl_loop.rollout_keys(3, 2)(5)).tobytes() == keys[2]
+
+
+def test_arms_on_different_streams_are_different_runs(tiny, tmp_path):
+  """Two arms that are the same process until their first refresh (K = 3 and K = 6 on
+  the same warm start) are the same run on one stream and different runs on two."""
+  def first_rewards(k, stream, name):
+    cfg = dataclasses.replace(tiny, refresh_interval=k, sampling_stream=stream,
+                              num_updates=3, eval_every=3)
+    ss.train_and_evaluate(cfg, RunOptions(workdir=str(tmp_path / name)))
+    return [v for _, v in read_scalars(str(tmp_path / name))["train/mismatch_k3"]]
+  same = first_rewards(3, 0, "a"), first_rewards(6, 0, "b")
+  assert same[0] == same[1]
+  assert first_rewards(6, 5, "c") != same[0]
+
+
+def test_warm_start_per_seed_and_target_accuracy(tiny, tmp_path):
+  from experiments.common.rl import warm_start as ws  # pylint: disable=import-outside-toplevel
+  from experiments.common.rl.config import make_model  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="pretrain_seed=3 conflicts"):
+    dataclasses.replace(tiny, warm_start_per_seed=True, pretrain_seed=3)
+  per_seed = dataclasses.replace(tiny, warm_start_per_seed=True, seed=4)
+  assert per_seed.warm_start_seed == 4 and tiny.warm_start_seed == 0
+  # The target stops training at the first check that reaches it; the params are those
+  # of a plain run of exactly that many steps (same batches, same optimizer).
+  model = make_model(tiny)
+  full = dataclasses.replace(tiny, pretrain_dir=str(tmp_path / "a"), pretrain_steps=150)
+  _, info_full = ws.warm_start(full, model)
+  target = dataclasses.replace(full, pretrain_dir=str(tmp_path / "b"),
+                               pretrain_target_accuracy=1e-6, pretrain_check_every=25)
+  params, info = ws.warm_start(target, model)
+  used = info["pretrain_steps_used"]
+  assert info_full["pretrain_steps_used"] == 150
+  assert used % 25 == 0 and 0 < used < 150 and info["greedy_accuracy"] >= 1e-6
+  plain, _ = ws.warm_start(dataclasses.replace(full, pretrain_dir=str(tmp_path / "c"),
+                                               pretrain_steps=used), model)
+  for x, y in zip(jax_leaves(params), jax_leaves(plain)):
+    np.testing.assert_array_equal(x, y)
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_accuracy_summary_by_hand():
+  curve = [(0, 0.4), (8, 0.5), (16, 0.2), (24, 0.6), (32, 0.7)]
+  out = rl_loop.accuracy_summary(curve, 32)
+  assert out["accuracy/mean_over_training"] == pytest.approx(0.5)
+  assert out["accuracy/min"] == pytest.approx(0.2)
+  assert out["accuracy/last_quarter"] == pytest.approx(0.7)  # updates 25..32
+  # a run stopped at 20 updates: its evaluations after 20 are not counted
+  out = rl_loop.accuracy_summary(curve, 20)
+  assert out["accuracy/last_quarter"] == pytest.approx(0.2)  # the evaluation at 16
+  assert np.isnan(rl_loop.accuracy_summary([(0, 0.4)], 5)["accuracy/min"])
