@@ -17,7 +17,7 @@ from experiments.common.tensorboard_reader import read_hparams_session, read_sca
 from launch.report import build_report
 
 # experiments/<paper>/report of every sweep run under the evidence rules
-REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora")
+REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora", "stale_sampler")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
