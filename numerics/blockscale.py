@@ -80,6 +80,17 @@ backend (tested against NumPy), including for float32 subnormal inputs. What rem
 backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
 subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
 arithmetic flush both to zero.
+
+Speed: the ``te`` convention runs :func:`nvfp4_te_fast` (any rounding), two passes over
+``x``: the block amaxes (with the tensor amax taken from them), then the elements.
+Its per-block values (``S_dec``, ``enc``) are materialized once per block
+(:func:`_materialize`), so ``div_rn``'s ~140 integer ops are paid per block and per
+tensor, never per element: a few percent of the pass, which leaves no reason to
+branch to XLA:CPU's native division on that backend (correctly rounded for normal
+quotients, but it flushes subnormal ones, e.g. ``1/S_enc`` above). The
+``torchao`` convention and the Pallas kernels run the reference cores
+(:func:`nvfp4_torchao_quantize_core`, :func:`nvfp4_quantize_core`); the tests hold the
+fast path bit-equal to :func:`nvfp4_quantize_core` and both to the NumPy reference.
 """
 
 from __future__ import annotations
