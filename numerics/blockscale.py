@@ -997,16 +997,16 @@ def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
 
 
 def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
-  """The same per-block float32 arrays (values >= +0 or NaN), computed once.
+  """The same per-block float32 arrays (values >= +0, or NaN with the sign bit clear),
+  computed once.
 
   XLA fuses cheap per-block integer arithmetic (here: E4M3 rounding of the block
   scale, the integer-emulated division of ``enc``) into the per-element loop that
   broadcasts it, which recomputes it for every element (16-256x the work), and the CPU
   pipeline drops ``optimization_barrier`` before fusion. A reduction is never fused
   into its consumer, so each array is passed through a max-reduction with zero over a
-  new axis of two, on the int32 bits (non-negative floats order as their bits; NaN's
-  bits are positive and larger than any number's): the result is the input, bit for
-  bit, and materialized.
+  new axis of two, on the int32 bits (such floats order as their bits, NaN above every
+  number): the result is the input, bit for bit, and materialized.
   """
   bits = [lax.bitcast_convert_type(v, jnp.int32) for v in block_values]
   stacked = [jnp.stack([b, jnp.zeros_like(b)], axis=-1) for b in bits]
