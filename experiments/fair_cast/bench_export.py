@@ -36,7 +36,6 @@ about 0.2-0.4% of an update more than nearest.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import time
@@ -48,6 +47,7 @@ import jax.numpy as jnp
 
 from experiments.common import arithmetic_task as task
 from experiments.common import run_metadata
+from experiments.common.results import write_benchmark
 from experiments.common.rl.loop import learner_step_fns
 from experiments.fair_cast.experiment import ExportMonitor, FairCastConfig
 from experiments.fair_cast.sweeps import ROUNDINGS, fair_cast
@@ -139,14 +139,7 @@ def format_table(result: dict[str, Any]) -> str:
 def main(argv):
   del argv
   result = run(fair_cast().base, _ROUNDS.value, _REPEATS.value)
-  print(format_table(result))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
-      json.dump(result, f, indent=1, sort_keys=True)
-      f.write("\n")
-    print(f"wrote {_OUT.value}")
-
+  write_benchmark(_OUT.value, result, format_table(result))
 
 if __name__ == "__main__":
   app.run(main)

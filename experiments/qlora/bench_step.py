@@ -32,7 +32,6 @@ the weight's shape) instead of fusing the decode into the GEMM.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import re
@@ -45,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import run_metadata
+from experiments.common.results import write_benchmark
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
@@ -195,14 +195,7 @@ def main(argv):
     overrides[k] = int(v)
   config = dataclasses.replace(QLoRAConfig(), **overrides)
   result = run(config, _ROUNDS.value, _REPEATS.value, _GEMMS.value)
-  print(format_table(result))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
-      json.dump(result, f, indent=1, sort_keys=True)
-      f.write("\n")
-    print(f"wrote {_OUT.value}")
-
+  write_benchmark(_OUT.value, result, format_table(result))
 
 if __name__ == "__main__":
   app.run(main)
