@@ -54,11 +54,6 @@ from experiments.fair_cast.sweeps import ROUNDINGS, fair_cast
 from numerics.benchmarking import interleaved, ratio_summary
 from numerics.rl import sampler_copy
 
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per step per round (min).")
-_OUT = flags.DEFINE_string("out", "experiments/fair_cast/report/bench_export.json",
-                           "Where to write the JSON ('' : nowhere).")
-
 BASELINE = "update"
 
 
@@ -136,10 +131,22 @@ def format_table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def define_flags() -> None:
+  """The script's flags (defined only when it runs, so that importing this module
+  beside another benchmark script with the same flag names is fine)."""
+  flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
+  flags.DEFINE_integer("repeats", 7, "Timed calls per step per round (min).")
+  flags.DEFINE_string("out", "experiments/fair_cast/report/bench_export.json",
+                      "Where to write the JSON ('' : nowhere).")
+
+
 def main(argv):
   del argv
-  result = run(fair_cast().base, _ROUNDS.value, _REPEATS.value)
-  write_benchmark(_OUT.value, result, format_table(result))
+  f = flags.FLAGS
+  result = run(fair_cast().base, f.rounds, f.repeats)
+  write_benchmark(f.out, result, format_table(result))
+
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
