@@ -116,8 +116,9 @@ def _pair(learner: str, sampler: str) -> dict[str, str]:
 
 def mxfp8_rl() -> Sweep:
   """The four (learner, sampler) recipe pairs, seeds 1-4, 128 updates."""
+  # fault_update 1: the faults/max_after/* statistics cover every sync after update 0.
   base = MXFP8RLConfig(num_updates=NUM_UPDATES, eval_every=16, sync_checks="record",
-                       **_WARM)
+                       fault_update=1, **_WARM)
   arms = tuple(Arm(pair_name(l, s), {**_pair(l, s), "sampling_stream":
                                      _stream(pair_name(l, s))}) for l, s in PAIRS)
   mm, bb = pair_name("mxfp8", "mxfp8"), pair_name("bf16", "bf16")
