@@ -190,6 +190,29 @@ def gate_table(sweep_dir: str) -> str:
         f"{_fmt(float(np.percentile(every, 99)))} | {_fmt(max(every))} | "
         f"{_fmt(c['current'])} | {_fmt(c['calibrated'])} | {fa}/{n} | "
         f"{cur}/{len(every)} | {d_cal}/{n_p} | {d_cur}/{n_p} |")
+  info, runs = completed_runs(sweep_dir)
+  fault_update = int(info["base"]["fault_update"])
+  clean_syncs, clean_fired, planted_runs, planted_caught = 0, {}, 0, {}
+  for arm, seeds in runs.items():
+    clean = config_value(info, arm, "planted_fault") == "none"
+    for curves in seeds.values():
+      if clean:
+        clean_syncs += len(curves.get("sync/fired/coverage", []))
+      else:
+        planted_runs += 1
+      for check in CHECKS:
+        fired = [u for u in _fired(curves, check) if clean or u >= fault_update]
+        if clean:
+          clean_fired[check] = clean_fired.get(check, 0) + len(fired)
+        elif fired:
+          planted_caught[check] = planted_caught.get(check, 0) + 1
+  lines += ["", "Every check under the gates the runs used: syncs of the clean runs at "
+            "which it fired (false alarms) / clean syncs, and planted runs (fault x "
+            "pair x seed) in which it fired at or after the fault / planted runs.", "",
+            "| check | false alarms (clean syncs) | planted runs it fired in |",
+            "|---|---|---|"]
+  lines += [f"| {c} | {clean_fired.get(c, 0)}/{clean_syncs} | "
+            f"{planted_caught.get(c, 0)}/{planted_runs} |" for c in CHECKS]
   return "\n".join(lines) + "\n"
 
 

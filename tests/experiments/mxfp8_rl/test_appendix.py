@@ -119,6 +119,10 @@ def test_faults_appendix_on_planted_runs(tmp_path):
   assert cross[2] == "16" and cross[5] == "0.0015" and cross[6:8] == ["0.5", "0.003"]
   # Leave one seed out: seed 11's 0.001 against 0.003, seed 12's 0.0015 against 0.002.
   assert cross[8] == "0/16" and cross[10] == "2/2" and cross[11] == "0/2"
+  every_check = {row[0]: row[1:] for row in _table(md, "Clean distributions")
+                 if row[0] in CHECKS}
+  assert every_check["bitwise"] == ["0/32", "2/4"]  # 2 clean arms x 2 seeds x 8 syncs
+  assert every_check["parity"] == ["0/32", "2/4"] and every_check["plan"] == ["0/32", "0/4"]
   same = gates[("`parity_k3`", "same")]
   assert same[7] == "1e-10"  # all clean values 0: the exact gate stays
   defaults = {row[0]: row[1:] for row in _table(md, "Calibrated defaults")}
