@@ -17,6 +17,7 @@ _REGISTRY: dict[str, str] = {
     "alto": "experiments.alto.sweeps:alto",
     "fair_cast": "experiments.fair_cast.sweeps:fair_cast",
     "mxfp8_rl": "experiments.mxfp8_rl.sweeps:mxfp8_rl",
+    "mxfp8_rl_faults": "experiments.mxfp8_rl.sweeps:mxfp8_rl_faults",
     "stale_sampler": "experiments.stale_sampler.sweeps:stale_sampler",
     "temperon": "experiments.temperon.sweeps:temperon",
     "memoir": "experiments.memoir.sweeps:memoir",

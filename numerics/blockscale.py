@@ -80,6 +80,17 @@ backend (tested against NumPy), including for float32 subnormal inputs. What rem
 backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
 subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
 arithmetic flush both to zero.
+
+Speed: the ``te`` convention runs :func:`nvfp4_te_fast` (any rounding), two passes over
+``x``: the block amaxes (with the tensor amax taken from them), then the elements.
+Its per-block values (``S_dec``, ``enc``) are materialized once per block
+(:func:`_materialize`), so ``div_rn``'s ~140 integer ops are paid per block and per
+tensor, never per element: a few percent of the pass, which leaves no reason to
+branch to XLA:CPU's native division on that backend (correctly rounded for normal
+quotients, but it flushes subnormal ones, e.g. ``1/S_enc`` above). The
+``torchao`` convention and the Pallas kernels run the reference cores
+(:func:`nvfp4_torchao_quantize_core`, :func:`nvfp4_quantize_core`); the tests hold the
+fast path bit-equal to :func:`nvfp4_quantize_core` and both to the NumPy reference.
 """
 
 from __future__ import annotations
@@ -695,18 +706,14 @@ def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conv
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    if convention == "te" and rounding == "nearest":
-      return nvfp4_te_nearest(xp, axes, blocks, dequantize=False)
     words = _words(key, xp.shape, rounding, rng)
-    if convention == "torchao":
-      pts = nvfp4_torchao_tensor_scale(xp)
-      codes, scale_codes, _ = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
-                                                         words, rand_bits)
-      return codes, scale_codes, pts
-    s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
-    codes, scale_codes, _ = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
-                                                rand_bits)
-    return codes, scale_codes, inv_s_enc
+    if convention == "te":
+      return nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
+                           rand_bits=rand_bits, dequantize=False)
+    pts = nvfp4_torchao_tensor_scale(xp)
+    codes, scale_codes, _ = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
+                                                       words, rand_bits)
+    return codes, scale_codes, pts
 
   return gradients_lib.not_differentiable(
       run, "quantize_nvfp4", "quantizer.quantize_dequantize or fake_quant(x, 'nvfp4')"
@@ -760,18 +767,13 @@ def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conventio
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    if convention == "te" and rounding == "nearest":
-      out = nvfp4_te_nearest(xp, axes, blocks, dequantize=True)
+    words = _words(key, xp.shape, rounding, rng)
+    if convention == "te":
+      out = nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
+                          rand_bits=rand_bits, dequantize=True)
     else:
-      words = _words(key, xp.shape, rounding, rng)
-      if convention == "torchao":
-        pts = nvfp4_torchao_tensor_scale(xp)
-        out = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding, words,
-                                          rand_bits)[2]
-      else:
-        s_enc, inv_s_enc = nvfp4_tensor_scale(xp)
-        out = nvfp4_quantize_core(xp, s_enc, axes, blocks, rounding, words,
-                                  rand_bits)[2] * inv_s_enc
+      out = nvfp4_torchao_quantize_core(xp, nvfp4_torchao_tensor_scale(xp), axes, blocks,
+                                        rounding, words, rand_bits)[2]
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -994,73 +996,113 @@ def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   return jnp.squeeze((code < 0) | (code > 254), axis=bpos)
 
 
-# E2M1 round-to-nearest-even on a magnitude a >= 0, as thresholds: the code is the
-# number of thresholds a passes (ties go to the even code: 0.25 -> 0, 0.75 -> 1, ...).
-_E2M1_RNE_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
-                        (2.5, False), (3.5, True), (5.0, False))
-_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
+  """The same per-block float32 arrays (values >= +0, or NaN with the sign bit clear),
+  computed once.
+
+  XLA fuses cheap per-block integer arithmetic (here: E4M3 rounding of the block
+  scale, the integer-emulated division of ``enc``) into the per-element loop that
+  broadcasts it, which recomputes it for every element (16-256x the work), and the CPU
+  pipeline drops ``optimization_barrier`` before fusion. A reduction is never fused
+  into its consumer, so each array is passed through a max-reduction with zero over a
+  new axis of two, on the int32 bits (such floats order as their bits, NaN above every
+  number): the result is the input, bit for bit, and materialized.
+  """
+  bits = [lax.bitcast_convert_type(v, jnp.int32) for v in block_values]
+  stacked = [jnp.stack([b, jnp.zeros_like(b)], axis=-1) for b in bits]
+  out = lax.reduce(tuple(stacked), tuple(np.int32(0) for _ in bits),
+                   lambda x, y: tuple(jnp.maximum(a, b) for a, b in zip(x, y)),
+                   (bits[0].ndim,))
+  return tuple(lax.bitcast_convert_type(o, jnp.float32) for o in out)
 
 
-def _e2m1_rne_code(a: jax.Array) -> jax.Array:
-  """uint32 E2M1 magnitude code (0..7) of float32 ``a >= 0`` (saturating), RNE."""
-  code = jnp.zeros(a.shape, jnp.uint32)
-  for t, inclusive in _E2M1_RNE_THRESHOLDS:
-    code = code + ((a >= t) if inclusive else (a > t)).astype(jnp.uint32)
-  return code
+# E2M1 round-to-nearest-even of a magnitude m >= 0 (saturating at 6) as float adds:
+# ``(m + C) - C`` rounds m to a multiple of C's ulp in the sum's binade, ties to even,
+# with C = 1.5 * 2^22 (quantum 0.5) below 2, 1.5 * 2^23 (quantum 1) below 4 and
+# 1.5 * 2^24 (quantum 2) above; larger m (and Inf) come out above 6 and saturate.
+_E2M1_RNE_ADD = (np.float32(1.5 * 2.0 ** 22), np.float32(1.5 * 2.0 ** 23),
+                 np.float32(1.5 * 2.0 ** 24))
 
 
-def nvfp4_te_nearest(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
-                     dequantize: bool):
-  """NVFP4 (``te`` convention, round to nearest) in two passes over ``xp``.
+def _e2m1_rne_magnitude(m: jax.Array) -> jax.Array:
+  """float32 E2M1 value (0 .. 6) nearest to float32 ``m >= 0``, ties to even."""
+  c = jnp.where(m < np.float32(2.0), _E2M1_RNE_ADD[0],
+                jnp.where(m < np.float32(4.0), _E2M1_RNE_ADD[1], _E2M1_RNE_ADD[2]))
+  return jnp.minimum((m + c) - c, np.float32(6.0))
+
+
+def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
+  """uint32 E2M1 magnitude code (0..7) of the float32 bits of an E2M1 value >= 0."""
+  e = bits >> 23  # 0.5 -> 126, 1 -> 127, ..., 6 -> 129
+  normal = ((e - np.uint32(126)) << 1) | ((bits >> 22) & np.uint32(1))
+  return jnp.where(e >= np.uint32(127), normal,
+                   jnp.where(e == np.uint32(126), np.uint32(1), np.uint32(0)))
+
+
+def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
+                  rounding: str, words: jax.Array | None, rand_bits: int | None,
+                  dequantize: bool):
+  """NVFP4 (``te`` convention, any rounding) in two passes over ``xp``.
 
   The fast jnp path of :func:`quantize_nvfp4` and :func:`quantize_dequantize_nvfp4`:
   one pass takes each block's amax (finite and not, in one variadic reduction), from
-  which the tensor amax, ``S_enc`` and the block scales follow; ``enc`` comes from a
-  128-entry table indexed by the E4M3 scale code (every block's ``enc`` is one of
-  them), and the elements round by comparing against E2M1's rounding thresholds.
-  Equal bit for bit to :func:`nvfp4_quantize_core` (tested, and both against the
-  NumPy reference). Returns (codes, scale codes, 1/S_enc), or the dequantized float32
-  tensor with ``dequantize``.
+  which the tensor amax, ``S_enc`` and each block's ``S_dec`` and ``enc`` follow
+  (:func:`_nvfp4_te_scales`, materialized once per block by :func:`_materialize`);
+  the second works on ``x`` in its blocked shape (a per-block value is a plain
+  broadcast there): it scales ``|x|`` by ``enc`` (a float32 subnormal ``x`` scaled up
+  by 2^24 first, as :func:`_mul_subnormal_lhs` does) and rounds onto E2M1, to nearest
+  by float adds (:func:`_e2m1_rne_magnitude`), otherwise by the reference
+  :func:`numerics.rounding.round_magnitude` on ``words``. Equal bit for bit to
+  :func:`nvfp4_quantize_core` (tested, and both against the NumPy reference).
+  Returns (codes, scale codes, 1/S_enc), or the dequantized float32 tensor with
+  ``dequantize``.
   """
   e4m3 = formats_lib.get("e4m3")
-  ai = lax.bitcast_convert_type(xp, jnp.int32) & np.int32(0x7FFFFFFF)
   bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
-  ab = ai.reshape(bshape)
+  xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
+  ab = lax.bitcast_convert_type(xb & np.uint32(0x7FFFFFFF), jnp.int32)
   finite_ab = jnp.where(ab < np.int32(0x7F800000), ab, np.int32(0))
-  amax, finite_amax = lax.reduce(
-      (ab, finite_ab), (np.int32(0), np.int32(0)),
-      lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), bpos)
-  amax, finite_amax = (jnp.expand_dims(v, bpos) for v in (amax, finite_amax))
+  amax, finite_amax = ab, finite_ab
+  for p in reversed(bpos):  # tiles: the contiguous in-block axis first (faster on CPU)
+    amax, finite_amax = lax.reduce(
+        (amax, finite_amax), (np.int32(0), np.int32(0)),
+        lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (p,))
+    amax, finite_amax = (jnp.expand_dims(v, p) for v in (amax, finite_amax))
   t_amax_bits = jnp.max(finite_amax, initial=np.int32(0))
   s_enc, inv_s_enc = _tensor_scale_of_amax(
       t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32))
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)
-  s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
-                      np.float32(448.0))
-  s_dec = rounding_lib.round_f32(s_dec, e4m3, rounding="nearest", saturate=True)
-  s_code = encode_e4m3_nonnegative(s_dec)
-  s_values = jnp.asarray(encoding.decode_table("e4m3")[:128].astype(np.float32))
-  enc_table = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_values * inv_s_enc),
-                          _FLT_MAX)
-  full = lambda v: jnp.broadcast_to(v, bshape).reshape(xp.shape)
-  poison_full = full(poisoned)
-  scaled = _mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp),
-                              full(jnp.take(enc_table, s_code)))
-  sb = lax.bitcast_convert_type(scaled, jnp.uint32)
-  mag = _e2m1_rne_code(lax.bitcast_convert_type(sb & np.uint32(0x7FFFFFFF), jnp.float32))
-  sign = sb & np.uint32(0x80000000)
+  s_dec, enc = _materialize(*_nvfp4_te_scales(block_amax, s_enc))
+  a = jnp.where(poisoned, np.uint32(0), lax.bitcast_convert_type(ab, jnp.uint32))
+  sign = xb & np.uint32(0x80000000)
+  # |x| * enc, also for a float32 subnormal |x| (XLA:CPU would read it as zero): the
+  # bits of a subnormal are its value in units of 2^-149, so float(a) * 2^-125 is
+  # |x| * 2^24 exactly; the product is scaled back by 2^-24 (_mul_subnormal_lhs).
+  sub = a < np.uint32(0x00800000)
+  up = jnp.where(sub, a.astype(jnp.float32) * np.float32(2.0 ** -125),
+                 lax.bitcast_convert_type(a, jnp.float32))
+  prod = up * enc
+  scaled = jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
+  if rounding == "nearest":
+    elem = _e2m1_rne_magnitude(scaled)
+    elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
+  else:
+    elem_bits = _round_elements(lax.bitcast_convert_type(scaled, jnp.uint32), _U(0),
+                                formats_lib.get("e2m1"), 0, rounding,
+                                None if words is None else words.reshape(bshape),
+                                rand_bits)
+    elem = lax.bitcast_convert_type(elem_bits, jnp.float32)
   if dequantize:
-    elem = jnp.zeros(xp.shape, jnp.float32)
-    for c, v in enumerate(_E2M1_MAGNITUDES[1:], start=1):
-      elem = jnp.where(mag == c, np.float32(v), elem)
-    value = elem * full(s_dec)  # exact: at most 2 + 4 significant bits, >= 2^-10
+    value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
     value = lax.bitcast_convert_type(
         lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32) * inv_s_enc
-    return jnp.where(poison_full, np.float32(np.nan), value)
-  codes = jnp.where(poison_full, np.uint32(0), (sign >> 28) | mag).astype(jnp.uint8)
-  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code), s_code).astype(jnp.uint8)
+    return jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
+  codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
+  codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
+  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
+                          encode_e4m3_nonnegative(s_dec)).astype(jnp.uint8)
   return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
 
 

@@ -5,7 +5,9 @@
 
 1. Training step of a plain 4-layer, 1024-wide linen MLP (batch 512, Adam) quantized
    with ``models.quantize_model`` (one rule for every layer), per recipe, divided by
-   the bf16 step.
+   the bf16 step. ``fp32`` (no quantization, float32 GEMMs) is the floor of the
+   recipes whose GEMMs run in float32 (``nvfp4``, ``fp8``): the rest of their step is
+   quantization.
 2. Telemetry: the nvfp4 step with ``telemetry=True`` (sown and returned) and with
    ``telemetry=False``, each divided by the same step with numerics.qdot's dot_general
    injected by hand into ``nn.Dense`` (no interception machinery): off should be 1.
@@ -36,7 +38,8 @@ import numerics
 from numerics import qdot
 from numerics import quantizer
 
-_RECIPES = flags.DEFINE_list("recipes", ["bf16", "mxfp8", "nvfp4"], "recipes to time")
+_RECIPES = flags.DEFINE_list("recipes", ["bf16", "fp32", "mxfp8", "nvfp4"],
+                             "recipes to time")
 _WIDTH = flags.DEFINE_integer("width", 1024, "MLP width")
 _LAYERS = flags.DEFINE_integer("layers", 4, "MLP layers")
 _BATCH = flags.DEFINE_integer("batch", 512, "batch size")

@@ -55,6 +55,18 @@ def append_result(path: str, row: dict[str, Any]) -> None:
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def write_benchmark(path: str, result: dict[str, Any], table: str) -> None:
+  """A benchmark script's ending: prints ``table``, and writes ``result`` as JSON to
+  ``path`` (indented, sorted keys; nowhere when ``path`` is empty)."""
+  print(table)
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(result, f, indent=1, sort_keys=True)
+      f.write("\n")
+    print(f"wrote {path}")
+
+
 def read_results(path: str, problems: list[str] | None = None) -> list[dict[str, Any]]:
   """Reads every row of a results JSONL file (missing file: empty list).
 

@@ -123,6 +123,32 @@ class FairCastConfig(rl_config.RLConfig):
   def sync_monitor(self) -> rl_config.SyncMonitor:
     return ExportMonitor(self).monitor()
 
+  def summary_metrics(self, scalars: dict[str, list[tuple[int, float]]], done: int
+                      ) -> dict[str, float]:
+    """The export's effect as results-row metrics (what the sweep's claims compare):
+
+    * ``export/lag_second_half``: the effective lag k* (updates), mean over its
+      measurements in the second half of the ``done`` updates (where it has built up);
+    * ``export/lag_capped_fraction``: the share of those measurements at the most the
+      history could show (``min(update, lag_history)`` syncs): a k* there means "at
+      least that";
+    * ``export/unchanged_mean``: the fraction of served elements bit-identical to the
+      previous export, mean over training;
+    * ``mismatch/k3_mean_over_training``: the sampler-learner k3 on the sampled tokens.
+    """
+    lag = [(s, v) for s, v in scalars.get("export/lag_steps", []) if s > done / 2]
+    # A sync's metrics are logged at step update + 1; at update u the history holds the
+    # masters of updates 0..u (at most lag_history + 1 of them).
+    cap = lambda step: min(step - 1, self.lag_history) * self.refresh_interval
+    return {
+        "export/lag_second_half": rl_config.curve_mean(lag),
+        "export/lag_capped_fraction": (sum(v >= cap(s) for s, v in lag) / len(lag)
+                                       if lag else float("nan")),
+        "export/unchanged_mean": rl_config.curve_mean(
+            scalars.get("export/unchanged_fraction", [])),
+        "mismatch/k3_mean_over_training": rl_config.curve_mean(
+            scalars.get("train/mismatch_k3", []))}
+
 
 def _squared_distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
   """Sum over tensors of ``||a[n] - b[n]||^2`` (flattened float32 leaves)."""

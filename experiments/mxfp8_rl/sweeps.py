@@ -1,40 +1,193 @@
-"""The ``mxfp8_rl`` sweep: learner x sampler precision in {bf16, mxfp8}^2.
+"""The ``mxfp8_rl`` sweeps: learner x sampler precision, and planted sync faults.
 
     python -m launch.sweep --sweep=mxfp8_rl --sweep_dir=experiments/mxfp8_rl/report \
         --parallel=2
+    python -m launch.sweep --sweep=mxfp8_rl_faults \
+        --sweep_dir=experiments/mxfp8_rl/report_faults --parallel=2
 
-GRPO on 3-digit addition (:mod:`experiments.mxfp8_rl`), sampler synced every update,
-token-level TIS, the seven weight-sync checks at every sync. 3 seeds, 128 updates.
-The appendix (:mod:`experiments.mxfp8_rl.appendix`) tabulates the sampler-learner
-mismatch over training (on the sampled tokens, and right after each sync on the fixed
-probe batch) and the reward.
+GRPO on 3-digit addition (:mod:`experiments.mxfp8_rl`), the sampler synced every
+update, token-level TIS, the seven weight-sync checks at every sync in record mode
+(``sync_checks=record``: each check's statistic and whether it fired under the
+library's current gates are logged at every sync, and no run stops on one). Every
+seed has its own warm start (``warm_start_per_seed``, trained until its greedy accuracy
+on its own held-out problems reaches 0.4, checked every 50 steps, at most 4000: the
+stale_sampler sweep's rule, whose warm starts for seeds 1-4 these share).
+
+**``mxfp8_rl``: matched vs crossed precision.** The four (learner, sampler) recipe
+pairs in {bf16, mxfp8}^2, seeds 1-4, 128 updates, each arm its own rollout stream.
+Claims (declared here, before the runs): a matched pair has a lower sampler-learner
+mismatch on the sampled tokens than the crossed pair with the same sampler
+(``mismatch/k3_mean_over_training``), paired by seed, for each sampler; the matched
+pair learns more than that crossed pair (``accuracy/mean_over_training``); MXFP8 end
+to end matches bf16 end to end in accuracy within 0.03 (8 of 256 held-out problems;
+NeMo-RL's 0.613 vs 0.616 is the paper-side reference). Its clean runs are also the
+out-of-sample check of the gates that ``mxfp8_rl_faults`` calibrates (other seeds).
+
+**``mxfp8_rl_faults``: planted faults and calibrated gates.** Seeds 11-14 (disjoint
+from the first sweep's, so that sweep's runs test the gates chosen here). Arms:
+``clean_<pair>`` for all four pairs, and ``<fault>_<pair>`` for each of the seven
+faults of :data:`experiments.mxfp8_rl.experiment.PLANTED_FAULTS` on the two pairs with
+an MXFP8 sampler (matched ``L-mxfp8_S-mxfp8``, whose parity gate is exact, and crossed
+``L-bf16_S-mxfp8``, whose gate was loosened 10x), planted at update
+:data:`FAULT_UPDATE` of :data:`FAULT_UPDATES`. A fault arm shares its rollout stream
+with the clean arm of its pair, so the two are the same run, bit for bit, until the
+fault. The appendix (:mod:`experiments.mxfp8_rl.appendix`) gives the planted-fault
+table (fault | check that fired | update | statistic vs gate), each gated statistic's
+clean distribution, and the gates from the rule below.
+
+**The gate rule, stated before the runs** (:func:`experiments.mxfp8_rl.appendix.gate`):
+for each gated statistic (probe k3 and max |delta logp| for same-recipe and for
+cross-recipe pairs; the padding check's largest logit change), the gate is
+:data:`SAFETY` x the largest value over every sync of every clean run, rounded up to
+one significant digit; where every clean value is 0 the gate stays the exact one in
+use (same-recipe parity 1e-10 / 1e-5). The report states, at that gate, the
+false-alarm rate on clean runs (leave one seed out: each seed's clean syncs against
+the gate from the other seeds), the detection rate on the planted runs (the share of
+(fault, seed) runs whose statistic crosses it at or after the fault), and the first
+update it does. The checks gated at exactly 0 (coverage, plan, bitwise, version,
+finite, MX scales) are reported by the update they fired at and their count.
+
+Claims of ``mxfp8_rl_faults`` (declared here): each planted fault raises the probe
+mismatch (``faults/max_after/parity_k3``, the largest probe k3 from the fault's sync
+on) above the clean run's over the same updates, paired by seed.
+
+**Sizing** (measured on calibration seed 100, never evaluated: ``python -m
+experiments.mxfp8_rl --seed=100 --warm_start_per_seed --pretrain_target_accuracy=0.4
+--pretrain_steps=4000 --num_updates=64 --eval_every=16 --learner_recipe=bf16
+--sampler_recipe=mxfp8 --sync_checks=record --planted_fault=stale_sync_1
+--fault_update=32``, its warm start cached, while three other sweeps loaded the 2
+cores, load average 6.5): 51 s wall, of which 24 s start-up (imports, the cached warm
+start, its evaluation), 17 s compiling and 0.15 s per update (median; the sync, the
+seven checks in record mode, sampling and the update). So ``mxfp8_rl_faults`` is 18
+arms x 4 seeds = 72 runs of 64 updates, about 55 s each: about 33 min at
+``--parallel=2`` at that load; ``mxfp8_rl`` is 16 runs of 128 updates, about 65 s each:
+about 9 min; plus a warm start per seed (8, about a minute each; seeds 1-4 are shared
+with the stale_sampler sweep's cache when present). On that run the 1-update-stale
+sync on the crossed pair was caught by the bit-exact check at update 32 (5751
+differing elements), while its probe k3 after the fault (at most 0.0072) stayed
+within the crossed pair's own spread (0.002-0.0045 at updates 29-40) and far below
+the current cross-recipe gate of 0.5: the measurement this sweep makes on 4 seeds.
 """
 
 from __future__ import annotations
 
-from experiments.common.sweep_spec import Arm, Sweep
-from experiments.mxfp8_rl.experiment import MXFP8RLConfig
+import zlib
 
-SEEDS = (0, 1, 2)
+from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.mxfp8_rl.experiment import PLANTED_FAULTS, MXFP8RLConfig
+
+SEEDS = (1, 2, 3, 4)
+FAULT_SEEDS = (11, 12, 13, 14)
+CALIBRATION_SEEDS = (100,)  # timed the runs (see SIZING); never evaluated
 PAIRS = (("bf16", "bf16"), ("mxfp8", "mxfp8"), ("bf16", "mxfp8"), ("mxfp8", "bf16"))
+FAULT_PAIRS = (("mxfp8", "mxfp8"), ("bf16", "mxfp8"))
 BASELINE = "L-bf16_S-bf16"
+NUM_UPDATES = 128
+FAULT_UPDATES = 64
+FAULT_UPDATE = 32
+FAULTS = tuple(f for f in PLANTED_FAULTS if f != "none")
+SAFETY = 2.0
+EQUIVALENCE_MARGIN = 0.03
+# The check each planted fault is meant to trip at its sync (the tests hold a tiny run
+# to it). None for transposed_block_axis: with E4M3 elements a block's scale only
+# sets which elements fall below the normal range (2^-15 of the block's amax and
+# less), so MX blocks along the output axis serve the same bits as along the
+# contraction axis except for such tiny elements (a tiny model: none at all); the
+# sweep measures how many differ and whether any check sees them.
+INTENDED_CHECK = {"stale_sync_1": "bitwise", "stale_sync_4": "bitwise",
+                  "dropped_tensor": "bitwise", "wrong_bf16_list": "plan",
+                  "floor_vs_rceil": "bitwise", "transposed_block_axis": None,
+                  "corrupted_scale": "bitwise"}
+_WARM = dict(warm_start_per_seed=True, pretrain_target_accuracy=0.4,
+             pretrain_check_every=50, pretrain_steps=4000)
+
+
+def pair_name(learner: str, sampler: str) -> str:
+  return f"L-{learner}_S-{sampler}"
+
+
+def _stream(name: str) -> int:
+  return 1 + zlib.crc32(name.encode()) % (1 << 28)
+
+
+def _pair(learner: str, sampler: str) -> dict[str, str]:
+  return {"learner_recipe": learner, "sampler_recipe": sampler}
 
 
 def mxfp8_rl() -> Sweep:
-  """The four (learner, sampler) recipe pairs, 3 seeds."""
-  base = MXFP8RLConfig(num_updates=128, eval_every=16)
-  arms = tuple(Arm(f"L-{lr}_S-{sr}", {"learner_recipe": lr, "sampler_recipe": sr})
-               for lr, sr in PAIRS)
+  """The four (learner, sampler) recipe pairs, seeds 1-4, 128 updates."""
+  # fault_update 1: the faults/max_after/* statistics cover every sync after update 0.
+  base = MXFP8RLConfig(num_updates=NUM_UPDATES, eval_every=16, sync_checks="record",
+                       fault_update=1, **_WARM)
+  arms = tuple(Arm(pair_name(l, s), {**_pair(l, s), "sampling_stream":
+                                     _stream(pair_name(l, s))}) for l, s in PAIRS)
+  mm, bb = pair_name("mxfp8", "mxfp8"), pair_name("bf16", "bf16")
+  crossed = {"mxfp8": pair_name("bf16", "mxfp8"), "bf16": pair_name("mxfp8", "bf16")}
+  claims = []
+  for sampler, matched in (("mxfp8", mm), ("bf16", bb)):
+    claims.append(Claim(f"matched precision lowers the mismatch ({sampler} sampler)",
+                        "better", matched, crossed[sampler],
+                        "mismatch/k3_mean_over_training",
+                        source="MXFP8 RL, as summarized; LMSYS unified FP8"))
+    claims.append(Claim(f"matched precision learns more ({sampler} sampler)", "better",
+                        matched, crossed[sampler], "accuracy/mean_over_training",
+                        source="MXFP8 RL, as summarized"))
+  claims.append(Claim("MXFP8 end to end matches bf16 end to end", "equivalent", mm, bb,
+                      "accuracy/mean_over_training", margin=EQUIVALENCE_MARGIN,
+                      source="NeMo-RL FP8: 0.613 vs 0.616"))
   return Sweep(
       name="mxfp8_rl", module="experiments.mxfp8_rl", base=base, arms=arms, seeds=SEEDS,
-      baseline=BASELINE,
-      metrics=("train/mismatch_k3", "sync/k3", "reward/mean_over_training",
-               "eval/greedy_accuracy"),
-      higher_is_better=("reward/mean_over_training", "eval/greedy_accuracy"),
-      curves=("train/mismatch_k3", "sync/k3", "eval/greedy_accuracy"),
+      calibration_seeds=CALIBRATION_SEEDS, baseline=BASELINE, claims=tuple(claims),
+      metrics=("mismatch/k3_mean_over_training", "accuracy/mean_over_training",
+               "accuracy/last_quarter", "reward/mean_over_training",
+               "faults/max_after/parity_k3", "faults/max_after/padding_max_abs_diff"),
+      higher_is_better=("accuracy/mean_over_training", "accuracy/last_quarter",
+                        "reward/mean_over_training"),
+      curves=("train/mismatch_k3", "sync/stat/parity_k3", "eval/greedy_accuracy"),
       appendix="experiments.mxfp8_rl.appendix:mxfp8_rl_appendix",
       description="MXFP8 RL in miniature: the learner trains in one recipe and the "
       "sampler serves in another (MXFP8: the projections' kernels quantized at each "
       "sync, 1x32 blocks along the contraction axis; head bf16; embeddings and norms "
-      "float32). Arms are L-<learner>_S-<sampler>.",
+      "float32). Arms are L-<learner>_S-<sampler>. Each seed has its own warm start; "
+      "each arm its own rollout stream; the sync checks record (never stop a run).",
       report_dir="experiments/mxfp8_rl/report")
+
+
+def fault_arm_name(fault: str, learner: str, sampler: str) -> str:
+  return f"{'clean' if fault == 'none' else fault}_{pair_name(learner, sampler)}"
+
+
+def mxfp8_rl_faults() -> Sweep:
+  """Clean runs of the four pairs and each fault on the two MXFP8-sampler pairs."""
+  base = MXFP8RLConfig(num_updates=FAULT_UPDATES, eval_every=16, sync_checks="record",
+                       fault_update=FAULT_UPDATE, **_WARM)
+
+  def arm(fault, learner, sampler):
+    return Arm(fault_arm_name(fault, learner, sampler),
+               {**_pair(learner, sampler), "planted_fault": fault,
+                "sampling_stream": _stream(pair_name(learner, sampler))})
+
+  arms = [arm("none", l, s) for l, s in PAIRS]
+  arms += [arm(f, l, s) for l, s in FAULT_PAIRS for f in FAULTS]
+  claims = tuple(
+      Claim(f"{f} raises the probe mismatch ({pair_name(l, s)})", "worse",
+            fault_arm_name(f, l, s), fault_arm_name("none", l, s),
+            "faults/max_after/parity_k3", source="issue 18: the live parity check")
+      for l, s in FAULT_PAIRS for f in FAULTS)
+  return Sweep(
+      name="mxfp8_rl_faults", module="experiments.mxfp8_rl", base=base, arms=tuple(arms),
+      seeds=FAULT_SEEDS, calibration_seeds=CALIBRATION_SEEDS,
+      baseline=fault_arm_name("none", "mxfp8", "mxfp8"), claims=claims,
+      metrics=("faults/max_after/parity_k3", "faults/max_after/parity_max_abs_delta_logp",
+               "faults/max_after/padding_max_abs_diff",
+               "faults/max_after/bitwise_differing", "faults/fired_fraction/bitwise",
+               "faults/fired_fraction/parity"),
+      curves=("sync/stat/parity_k3", "sync/stat/padding_max_abs_diff"),
+      appendix="experiments.mxfp8_rl.appendix:mxfp8_rl_faults_appendix",
+      description="Sync faults planted at run time through the real export, at update "
+      f"{FAULT_UPDATE} of {FAULT_UPDATES}, with every check recording its statistic "
+      "at every sync: which check fires, when, and by how much; the clean runs' "
+      "distribution of each gated statistic and the gates chosen from it. Arms are "
+      "<fault or clean>_L-<learner>_S-<sampler>; a fault arm shares its rollout "
+      "stream with its pair's clean arm.",
+      report_dir="experiments/mxfp8_rl/report_faults")

@@ -32,11 +32,9 @@ the weight's shape) instead of fusing the decode into the GEMM.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import re
-import statistics
 import time
 from typing import Any, Callable
 
@@ -46,11 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import run_metadata
+from experiments.common.results import write_benchmark
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
 from models.transformer import bf16_dot_general
 from numerics import nf4
+from numerics.benchmarking import interleaved, ratio_summary
 
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per method per round (min).")
@@ -70,36 +70,6 @@ METHODS = {
     "full_ft": {"method": "full"},
 }
 VOCAB = 84  # the corpus's character vocabulary (the time barely depends on it)
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, repeats: int
-                ) -> dict[str, list[float]]:
-  """``{name: [per-round min seconds]}``; ``fns[name]()`` is called and blocked on,
-  the names in a rotated order each round."""
-  names = list(fns)
-  out: dict[str, list[float]] = {n: [] for n in names}
-  for r in range(rounds):
-    order = names[r % len(names):] + names[:r % len(names)]
-    for name in order:
-      best = float("inf")
-      for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fns[name]())
-        best = min(best, time.perf_counter() - t)
-      out[name].append(best)
-  return out
-
-
-def summarize(times: dict[str, list[float]], baseline: str) -> dict[str, dict[str, float]]:
-  """Per name: median ms over rounds, and the per-round ratio to ``baseline``
-  (median, min, max)."""
-  out = {}
-  for name, ts in times.items():
-    ratios = [t / b for t, b in zip(ts, times[baseline])]
-    out[name] = {"ms": 1e3 * statistics.median(ts), "ms_min": 1e3 * min(ts),
-                 "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                 "ratio_max": max(ratios)}
-  return out
 
 
 def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray]
@@ -189,12 +159,12 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
     fns.update(gemm_fns)
   out["compile_s"] = time.perf_counter() - t0
   times = interleaved(fns, rounds, repeats)
-  out["train_step"] = summarize({k: times[k] for k in steps}, BASELINE)
+  out["train_step"] = ratio_summary({k: times[k] for k in steps}, BASELINE)
   if gemms:
     out["gemm"] = {}
     for name, info in gemm_info.items():
       sub = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
-      out["gemm"][name] = {**info, "times": summarize(sub, "bf16_weight")}
+      out["gemm"][name] = {**info, "times": ratio_summary(sub, "bf16_weight")}
   out["per_round_s"] = {k: times[k] for k in steps}
   out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   return out
@@ -225,14 +195,7 @@ def main(argv):
     overrides[k] = int(v)
   config = dataclasses.replace(QLoRAConfig(), **overrides)
   result = run(config, _ROUNDS.value, _REPEATS.value, _GEMMS.value)
-  print(format_table(result))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
-      json.dump(result, f, indent=1, sort_keys=True)
-      f.write("\n")
-    print(f"wrote {_OUT.value}")
-
+  write_benchmark(_OUT.value, result, format_table(result))
 
 if __name__ == "__main__":
   app.run(main)

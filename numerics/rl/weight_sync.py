@@ -435,6 +435,29 @@ def check_padding_invariance(logits_fn: Callable[[Any, jax.Array], jax.Array], p
 # ------------------------------------------------------------------------- all
 
 
+CHECKS = ("coverage", "plan", "bitwise", "version", "parity", "finite", "mx_scales",
+          "padding")
+"""The checks of :func:`run_sync_checks`, in the order they run (6 is ``finite`` and
+``mx_scales``); ``fired/<name>`` in record mode."""
+
+
+def differing_elements(served_params: Any, expected_served: Any) -> int:
+  """Elements of ``served_params`` whose bits differ from ``expected_served``'s (a
+  tensor missing on either side, or of another dtype or shape, counts in full): the
+  statistic of :func:`check_bitwise`."""
+  served, expected = (tree_paths.named_leaves(served_params),
+                      tree_paths.named_leaves(expected_served))
+  count = 0
+  for n in set(served) | set(expected):
+    if n not in served or n not in expected:
+      count += int(np.size(served.get(n, expected.get(n))))
+      continue
+    s, e = np.asarray(served[n]), np.asarray(expected[n])
+    count += (int(s.size) if s.dtype != e.dtype or s.shape != e.shape
+              else int(np.sum(_bits(s) != _bits(e))))
+  return count
+
+
 def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
                     current: SamplerCopy, learner_step: int | jax.Array, *,
                     export: Export, learner_plan: Mapping[str, str],
@@ -447,7 +470,8 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
                     tolerances: Mapping[tuple[str, str], Tolerance] = PARITY_TOLERANCES,
                     mx_formats: Mapping[str, tuple[str, str]] = MX_SERVED_FORMATS,
                     mx_axis: int = -2, multiple: int = MX_BLOCK, pad_id: int = 0,
-                    padding_atol: float = 0.0, prefix: str = "sync/") -> dict[str, float]:
+                    padding_atol: float = 0.0, prefix: str = "sync/",
+                    record: bool = False) -> dict[str, float]:
   """All seven checks for one sync, in order; the merged metrics, ``prefix``-named.
 
   Args:
@@ -466,33 +490,78 @@ def run_sync_checks(learner_params: Any, previous: SamplerCopy | None,
       leaves get :func:`check_mx_scales` along ``mx_axis`` (``-1`` for 1-D leaves).
     padding_atol: the padding check's tolerance (a padded sequence is a different
       program shape, and a backend may accumulate its GEMMs in another order).
+    record: instead of raising at the first failure, run every check and return, as
+      well as the passing checks' metrics, ``fired/<check>`` (1.0 where the check
+      raised, for each of :data:`CHECKS`) and each check's statistic, whatever its
+      gate: ``stat/bitwise_differing`` (:func:`differing_elements`),
+      ``stat/version_offset`` (served version minus learner step),
+      ``stat/parity_k3``, ``stat/parity_max_abs_delta_logp`` (the probe mismatch) and
+      ``stat/padding_max_abs_diff`` (the padding check's largest logit change), so a
+      run measures the distribution of each statistic and the gates can be chosen
+      from it.
 
   Raises:
-    WeightSyncError: from the first failing check.
+    WeightSyncError: from the first failing check (unless ``record``).
   """
   served = current.params
-  m = {}
-  m.update(check_coverage(learner_params, served))
-  m.update(check_plan(served_plan, learner_plan, served, expected_dtypes))
-  m.update(check_bitwise(served, export(learner_params)))
-  m.update(check_version(previous, current, learner_step))
-  m.update(check_logprob_parity(sampler_logp_fn(served), learner_logp_fn(learner_params),
-                                mask, pair=pair, tolerances=tolerances))
-  m.update(check_finite(served))
-  blocks, tensors, lo, hi = 0.0, 0.0, np.inf, -np.inf
-  for n, leaf in tree_paths.named_leaves(served).items():
-    recipe = served_plan.get(n)
-    if recipe not in mx_formats:
-      continue
-    fmt, rule = mx_formats[recipe]
-    r = check_mx_scales(leaf, MX_BLOCK, mx_axis if np.ndim(leaf) >= 2 else -1, fmt,
-                        scale_rule=rule, name=n)
-    blocks, tensors = blocks + r["mx_blocks"], tensors + 1
-    if r["mx_blocks"] > r["mx_zero_blocks"]:
-      lo, hi = min(lo, r["mx_min_scale_exp"]), max(hi, r["mx_max_scale_exp"])
-  m.update({"mx_tensors": tensors, "mx_blocks": blocks})
-  if tensors:
-    m.update({"mx_min_scale_exp": float(lo), "mx_max_scale_exp": float(hi)})
-  m.update(check_padding_invariance(logits_fn, served, probe_tokens, multiple=multiple,
-                                    pad_id=pad_id, atol=padding_atol))
+  sampler_logp, learner_logp = sampler_logp_fn(served), learner_logp_fn(learner_params)
+  expected = export(learner_params)
+
+  def mx_scales() -> dict[str, float]:
+    blocks, tensors, lo, hi, out = 0.0, 0.0, np.inf, -np.inf, {}
+    for n, leaf in tree_paths.named_leaves(served).items():
+      recipe = served_plan.get(n)
+      if recipe not in mx_formats:
+        continue
+      fmt, rule = mx_formats[recipe]
+      r = check_mx_scales(leaf, MX_BLOCK, mx_axis if np.ndim(leaf) >= 2 else -1, fmt,
+                          scale_rule=rule, name=n)
+      blocks, tensors = blocks + r["mx_blocks"], tensors + 1
+      if r["mx_blocks"] > r["mx_zero_blocks"]:
+        lo, hi = min(lo, r["mx_min_scale_exp"]), max(hi, r["mx_max_scale_exp"])
+    out.update({"mx_tensors": tensors, "mx_blocks": blocks})
+    if tensors:
+      out.update({"mx_min_scale_exp": float(lo), "mx_max_scale_exp": float(hi)})
+    return out
+
+  padding = lambda atol: check_padding_invariance(
+      logits_fn, served, probe_tokens, multiple=multiple, pad_id=pad_id, atol=atol)
+  checks: dict[str, Callable[[], dict[str, float]]] = {
+      "coverage": lambda: check_coverage(learner_params, served),
+      "plan": lambda: check_plan(served_plan, learner_plan, served, expected_dtypes),
+      "bitwise": lambda: check_bitwise(served, expected),
+      "version": lambda: check_version(previous, current, learner_step),
+      "parity": lambda: check_logprob_parity(sampler_logp, learner_logp, mask, pair=pair,
+                                             tolerances=tolerances),
+      "finite": lambda: check_finite(served),
+      "mx_scales": mx_scales,
+      "padding": lambda: padding(padding_atol),
+  }
+  m: dict[str, float] = {}
+  if not record:
+    for check in checks.values():
+      m.update(check())
+    return _prefixed(prefix, m)
+  padded = padding(np.inf)  # the statistic, once; then gated like the check
+  padding_stat = padded["padding_max_abs_diff"]
+
+  def padding_gated() -> dict[str, float]:
+    if not padding_stat <= padding_atol:
+      raise WeightSyncError(f"padding: max abs diff {padding_stat:.6g} > atol "
+                            f"{padding_atol:g}")
+    return padded
+
+  checks["padding"] = padding_gated
+  for name, check in checks.items():
+    try:
+      m.update(check())
+      m[f"fired/{name}"] = 0.0
+    except WeightSyncError:
+      m[f"fired/{name}"] = 1.0
+  parity = mismatch.mismatch_kl(learner_logp, sampler_logp, mask)
+  m.update({"stat/bitwise_differing": float(differing_elements(served, expected)),
+            "stat/version_offset": float(int(current.version) - int(learner_step)),
+            "stat/parity_k3": float(parity["k3"]),
+            "stat/parity_max_abs_delta_logp": float(parity["max_abs_delta_logp"]),
+            "stat/padding_max_abs_diff": float(padding_stat)})
   return _prefixed(prefix, m)

@@ -100,7 +100,7 @@ def round_to_grid(v: np.ndarray, name: str, rounding: str = "nearest",
   else:
     raise ValueError(rounding)
   mag = np.minimum((n + away) * q, f.max)
-  out = np.where(v < 0, -mag, mag)
+  out = np.where(np.signbit(v), -mag, mag)  # -0.0 and negatives rounded to 0 keep "-"
   return out + 0.0 if f.kind == "int" else out  # INT8 has no negative zero
 
 

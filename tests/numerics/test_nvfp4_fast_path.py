@@ -1,22 +1,31 @@
-"""NVFP4's fast round-to-nearest path (TE convention) against TE's chain in NumPy.
+"""NVFP4's fast path (TE convention) against TE's chain in NumPy and the reference core.
 
 ``quantize_nvfp4`` and ``quantize_dequantize_nvfp4`` take a two-pass path for
-``convention="te", rounding="nearest"`` (block amax in one variadic reduction, ``enc``
-from a 128-entry table, E2M1 by threshold comparisons); these tests hold it to the
-independent NumPy transcription of Transformer Engine's formula in ``mx_reference``
-on inputs chosen to reach every branch: tiny and huge block scales, E2M1 ties, float32
-subnormals, zero blocks and blocks holding NaN or Inf.
+``convention="te"`` and every rounding (``blockscale.nvfp4_te_fast``: block amax in
+one variadic reduction, per-block scales materialized once, elements in the blocked
+shape, E2M1 round-to-nearest by float adds); these tests hold it to the independent
+NumPy transcription of Transformer Engine's formula in ``mx_reference`` (stochastic
+rounding with the NumPy transcription of the hash words) and bit for bit to the
+reference jnp core ``blockscale.nvfp4_quantize_core`` (which the Pallas kernels run),
+on inputs chosen to reach every branch: tiny and huge block and tensor scales, E2M1
+ties, float32 subnormals, signed zeros, zero blocks, all-zero tensors and blocks
+holding NaN or Inf.
 """
+
+import functools
 
 import hypothesis
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
 import numerics
 from numerics import blockscale
+from numerics import random_bits
+from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
 
 _E2M1_TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
@@ -101,3 +110,145 @@ def test_quantize_dequantize_has_straight_through_gradient():
   x = jnp.asarray(_wide_rows(3, rows=2))
   g = jax.grad(lambda v: jnp.sum(blockscale.quantize_dequantize_nvfp4(v) * 3.0))(x)
   np.testing.assert_array_equal(np.asarray(g), np.full(x.shape, 3.0, np.float32))
+
+
+# ------------------------------------------------ every rounding: fast path vs reference
+
+
+def _special_tensor(seed: int, shape: tuple[int, ...], log2_gain: int) -> np.ndarray:
+  """float32 blocks of 16 along the last axis with per-block gains over 2^-60..2^60
+  times ``2^log2_gain`` (so whole tensors of float32 subnormals too), and some blocks
+  replaced by zeros, signed zeros, subnormal-only values, exact E2M1 ties or a NaN/Inf.
+  """
+  rng = np.random.default_rng(seed)
+  rows, n = int(np.prod(shape[:-1])), shape[-1]
+  xb = rng.standard_normal((rows, n // 16, 16)) * np.exp2(
+      rng.integers(-60, 61, (rows, n // 16, 1)) + log2_gain)
+  kind = rng.integers(0, 12, (rows, n // 16))
+  xb[kind == 0] = 0.0
+  xb[kind == 1] = -0.0
+  xb[kind == 2] = rng.standard_normal(16) * 1e-40  # float32 subnormals
+  ties = np.concatenate([_E2M1_TIES, -_E2M1_TIES, [6.0, -6.0]])
+  xb[kind == 3] = ties * np.exp2(log2_gain)
+  x = xb.astype(np.float32)
+  flat = x.reshape(rows, n)
+  for code, v in ((4, np.nan), (5, np.inf), (6, -np.inf)):
+    r, b = np.nonzero(kind == code)
+    flat[r, b * 16 + rng.integers(0, 16, r.shape)] = v
+  return flat.reshape(shape)
+
+
+@functools.partial(jax.jit, static_argnames=("axes", "blocks", "rounding", "rand_bits",
+                                             "fast"))
+def _run_path(x, key, *, axes, blocks, rounding, rand_bits, fast):
+  """(codes, scale codes, 1/S_enc, dequantized) by the fast path or the reference."""
+  words = (random_bits.random_words(key, x.shape) if rounding == "stochastic" else None)
+  if fast:
+    kw = dict(rounding=rounding, words=words, rand_bits=rand_bits)
+    codes, scales, inv = blockscale.nvfp4_te_fast(x, axes, blocks, dequantize=False, **kw)
+    return codes, scales, inv, blockscale.nvfp4_te_fast(x, axes, blocks, dequantize=True,
+                                                         **kw)
+  s_enc, inv = blockscale.nvfp4_tensor_scale(x)
+  codes, scales, values = blockscale.nvfp4_quantize_core(x, s_enc, axes, blocks,
+                                                         rounding, words, rand_bits)
+  return codes, scales, inv, values * inv
+
+
+def _assert_fast_equals_reference(x, axes, blocks, rounding, rand_bits=None, seed=0):
+  key = jax.random.key(seed) if rounding == "stochastic" else None
+  kw = dict(axes=axes, blocks=blocks, rounding=rounding, rand_bits=rand_bits)
+  fast = _run_path(jnp.asarray(x), key, fast=True, **kw)
+  want = _run_path(jnp.asarray(x), key, fast=False, **kw)
+  for name, a, b in zip(("codes", "scales", "1/S_enc", "dequantized"), fast, want):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    if a.dtype == np.float32:
+      a, b = a.view(np.uint32), b.view(np.uint32)
+    np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+_LAYOUTS = [((1,), (16,)), ((0,), (16,)), ((0, 1), (16, 16))]
+
+
+@pytest.mark.parametrize("rounding,rand_bits", [("nearest", None), ("stochastic", None),
+                                                ("stochastic", 3), ("toward_zero", None)])
+@pytest.mark.parametrize("axes,blocks", _LAYOUTS)
+def test_fast_path_equals_reference_core_on_specials(axes, blocks, rounding, rand_bits):
+  x = _special_tensor(1, (32, 64), 0)
+  if axes == (0,):
+    x = np.ascontiguousarray(x.T)  # blocks down the columns
+  _assert_fast_equals_reference(x, axes, blocks, rounding, rand_bits)
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(st.integers(0, 2**31 - 1), st.integers(-140, 100),
+                  st.sampled_from(["nearest", "stochastic", "toward_zero"]),
+                  st.sampled_from(_LAYOUTS))
+def test_fast_path_equals_reference_core_hypothesis(seed, log2_gain, rounding, layout):
+  x = _special_tensor(seed, (16, 32), log2_gain)
+  if layout[0] == (0,):
+    x = np.ascontiguousarray(x.T)
+  _assert_fast_equals_reference(x, *layout, rounding, seed=seed)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("block_shape", [16, (16, 16)])
+def test_all_zero_tensor(rounding, block_shape):
+  axes, blocks = blockscale.nvfp4_layout(2, block_shape, None)
+  for x in (np.zeros((16, 32), np.float32), np.full((16, 32), -0.0, np.float32)):
+    _assert_fast_equals_reference(x, axes, blocks, rounding)
+    q = numerics.quantize_nvfp4(jnp.asarray(x), block_shape=block_shape,
+                                rounding=rounding,
+                                key=jax.random.key(0) if rounding == "stochastic" else None)
+    np.testing.assert_array_equal(np.asarray(q.scales), 0)
+    assert float(q.tensor_scale) == 1.0
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(st.integers(0, 2**31 - 1), st.integers(-140, 100),
+                  st.sampled_from([None, 4]))
+def test_stochastic_matches_numpy_reference(seed, log2_gain, rand_bits):
+  """quantize_nvfp4 with SR against TE's chain in NumPy on the NumPy hash words."""
+  x = _special_tensor(seed, (4, 64), log2_gain)
+  key = jax.random.key(seed)
+  words = hash_reference.hash_words_np(key, x.shape)
+  codes, scales, inv, deq = ref.quantize_nvfp4(x, rounding="stochastic", words=words,
+                                               rand_bits=rand_bits)
+  q = numerics.quantize_nvfp4(jnp.asarray(x), rounding="stochastic", key=key,
+                              rand_bits=rand_bits)
+  np.testing.assert_array_equal(np.asarray(q.codes), codes)
+  np.testing.assert_array_equal(np.asarray(q.scales), scales)
+  assert _bits(q.tensor_scale) == _bits(inv)
+  fused = blockscale.quantize_dequantize_nvfp4(jnp.asarray(x), rounding="stochastic",
+                                               key=key, rand_bits=rand_bits)
+  normal = (np.abs(deq) >= np.finfo(np.float32).tiny) | ~np.isfinite(deq) | (deq == 0)
+  np.testing.assert_array_equal(_bits(fused)[normal], _bits(deq)[normal])
+
+
+def test_stochastic_two_d_tiles_match_numpy_reference():
+  x = _special_tensor(5, (32, 64), 0)
+  key = jax.random.key(5)
+  words = hash_reference.hash_words_np(key, x.shape)
+  codes, scales, inv, _ = ref.quantize_nvfp4(
+      ref.tiles_to_rows(x, 16, 16), rounding="stochastic",
+      words=ref.tiles_to_rows(words, 16, 16), block=256)
+  q = numerics.quantize_nvfp4(jnp.asarray(x), block_shape=(16, 16),
+                              rounding="stochastic", key=key)
+  np.testing.assert_array_equal(np.asarray(q.codes),
+                                ref.rows_to_tiles(codes, 32, 64, 16, 16))
+  np.testing.assert_array_equal(np.asarray(q.scales), scales.reshape(2, 4))
+  assert _bits(q.tensor_scale) == _bits(inv)
+
+
+def test_e2m1_rne_by_float_adds_matches_ml_dtypes():
+  """``(m + C) - C`` against ml_dtypes' float4_e2m1fn RNE on every float32 within 64
+  ulps of each grid point and tie, a dense sweep of [0, 16], huge values and Inf."""
+  anchors = np.concatenate([_E2M1_TIES, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0,
+                                         8.0, 2.0**23, 2.0**24, 2.0**25]])
+  bits = anchors.astype(np.float32).view(np.int32)[:, None] + np.arange(-64, 65)
+  m = np.concatenate([bits[bits >= 0].view(np.float32),
+                      np.linspace(0, 16, 200_001, dtype=np.float32),
+                      np.float32([1e-40, 1e30, np.finfo(np.float32).max, np.inf])])
+  got = np.asarray(jax.jit(blockscale._e2m1_rne_magnitude)(jnp.asarray(m)))
+  want = np.minimum(m, np.float32(6.0)).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

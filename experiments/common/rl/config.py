@@ -4,8 +4,8 @@ GRPO on multi-digit addition (:mod:`experiments.common.arithmetic_task`) from a
 supervised warm start, with the sampler as an explicit, versioned copy of the learner's
 weights (:mod:`numerics.rl.sampler_copy`) refreshed every ``refresh_interval`` updates.
 :class:`RLConfig` holds every field; its hooks (``learner_model``, ``sampler_model``,
-``optimizer``, ``exporter``, ``initial_master``, ``loss_params``, ``sync_monitor``) are
-what Pan's, Fair Cast's and MXFP8 RL's configs change.
+``optimizer``, ``exporter``, ``initial_master``, ``loss_params``, ``sync_monitor``,
+``summary_metrics``) are what Pan's, Fair Cast's and MXFP8 RL's configs change.
 """
 
 from __future__ import annotations
@@ -160,6 +160,20 @@ class RLConfig:
   def sync_monitor(self) -> "SyncMonitor | None":
     """Host-side checks and metrics run at every sync (None: nothing beyond the loop's)."""
     return None
+
+  def summary_metrics(self, scalars: dict[str, list[tuple[int, float]]], done: int
+                      ) -> dict[str, float]:
+    """Extra results-row metrics from the run's logged curves (``tag -> [(update,
+    value)]``, read back from its events, so a resumed run's too) after ``done``
+    updates; the claims of a sweep are decided on results-row metrics."""
+    del scalars, done
+    return {}
+
+
+def curve_mean(curve: list[tuple[int, float]], after: float = 0) -> float:
+  """Mean of a logged curve's values at steps ``> after`` (NaN when there are none)."""
+  values = [v for step, v in curve if step > after]
+  return sum(values) / len(values) if values else float("nan")
 
 
 class Exporter(NamedTuple):

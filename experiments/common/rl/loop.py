@@ -86,6 +86,41 @@ def accuracy_summary(curve: list[tuple[int, float]], done: int) -> dict[str, flo
           "accuracy/last_quarter": float(np.mean(tail))}
 
 
+def learner_step_fns(config: RLConfig, apply: Callable[..., Any],
+                     optimizer: optax.GradientTransformation
+                     ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+  """``(loss_fn, learner_update)`` of one GRPO learner step under ``config``.
+
+  ``loss_fn(params, tokens, behaviour_logp, adv, mask, served) -> (loss, metrics)``
+  computes the learner's log-probs on ``config.loss_params(params, served)``;
+  ``learner_update(params, opt_state, tokens, behaviour_logp, adv, mask, served) ->
+  (params, opt_state, metrics)`` is its jitted gradient step (also what
+  :mod:`experiments.fair_cast.bench_export` times).
+  """
+  prompt_len = task.prompt_length(config.digits)
+
+  def loss_fn(p, tokens, behaviour_logp, adv, mask, served):
+    learner_logp = sampling.sequence_log_probs(apply, config.loss_params(p, served),
+                                               tokens, prompt_len, jax.random.PRNGKey(0))
+    proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
+                else None)
+    return policy_loss.grpo_loss(
+        learner_logp, behaviour_logp, adv, mask, is_method=config.is_method,
+        is_cap=config.is_cap, is_lo=config.is_lo, is_hi=config.is_hi,
+        clip_eps=config.clip_eps, normalization=config.normalization,
+        norm_constant=float(mask.size), proximal_logp=proximal)
+
+  @jax.jit
+  def learner_update(p, opt_state, tokens, behaviour_logp, adv, mask, served):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        p, tokens, behaviour_logp, adv, mask, served)
+    updates, opt_state = optimizer.update(grads, opt_state, p)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return optax.apply_updates(p, updates), opt_state, metrics
+
+  return loss_fn, learner_update
+
+
 class RLState(NamedTuple):
   """The loop's checkpointed state: the learner (``params``, ``opt_state``), the sampler's
   copy, the export's state (e.g. an error-feedback residual) and the per-update mean
@@ -137,24 +172,7 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
     return sampling.sample(sampler_apply, sampler_params, prompts, num_new, key,
                            **config.sampler_kwargs)
 
-  def loss_fn(p, tokens, behaviour_logp, adv, mask, served):
-    learner_logp = sampling.sequence_log_probs(apply, config.loss_params(p, served),
-                                               tokens, prompt_len, jax.random.PRNGKey(0))
-    proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
-                else None)
-    return policy_loss.grpo_loss(
-        learner_logp, behaviour_logp, adv, mask, is_method=config.is_method,
-        is_cap=config.is_cap, is_lo=config.is_lo, is_hi=config.is_hi,
-        clip_eps=config.clip_eps, normalization=config.normalization,
-        norm_constant=float(mask.size), proximal_logp=proximal)
-
-  @jax.jit
-  def learner_update(p, opt_state, tokens, behaviour_logp, adv, mask, served):
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        p, tokens, behaviour_logp, adv, mask, served)
-    updates, opt_state = optimizer.update(grads, opt_state, p)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return optax.apply_updates(p, updates), opt_state, metrics
+  loss_fn, learner_update = learner_step_fns(config, apply, optimizer)
 
   checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
@@ -235,7 +253,8 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
     rewards = np.asarray(result.snapshot.state.rewards)
     last = max(1, config.num_updates // 4)
     writer.flush()  # the accuracy curve is read back from the events (a resumed run's too)
-    curve = read_scalars(options.workdir).get("eval/greedy_accuracy", [])
+    scalars = read_scalars(options.workdir)
+    curve = scalars.get("eval/greedy_accuracy", [])
     metrics = {**loop_metrics(result),
                "reward/mean_over_training": float(np.mean(rewards[:done])),
                "reward/last_quarter": float(np.mean(rewards[max(done - last, 0):done])),
@@ -243,6 +262,7 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
                "warm_start/greedy_accuracy": warm_info["greedy_accuracy"],
                "warm_start/pretrain_steps": float(warm_info.get("pretrain_steps_used",
                                                                 float("nan")))}
+    metrics.update(config.summary_metrics(scalars, done))
     summary = run_summary(experiment, options, config, result, start_time=t0,
                           num_params=sum(x.size for x in jax.tree.leaves(warm)),
                           resumed_from_step=start.step, metrics=metrics,

@@ -40,6 +40,12 @@ def test_nearest_and_error_feedback_end_to_end(tiny, tmp_path):
     assert "perf/update_s" in s and "export/visible_displacement" in s
     [row] = read_results(str(results))
     assert row["completed"]
+    # The export's summaries are results-row metrics (the sweep's claims use them).
+    m = row["metrics"]
+    assert m["export/lag_second_half"] == s["export/lag_steps"][-1][1]  # step 5 > 3
+    assert m["export/unchanged_mean"] == pytest.approx(np.mean(unchanged))
+    assert 0.0 <= m["export/lag_capped_fraction"] <= 1.0
+    assert m["mismatch/k3_mean_over_training"] >= 0.0
 
 
 def test_tiny_updates_never_reach_a_nearest_export(tiny, tmp_path):

@@ -433,3 +433,41 @@ def test_run_sync_checks_fails_on_a_stale_copy(params, probe, stale):
   skipped = first._replace(version=jnp.int32(4), syncs=jnp.int32(2))  # bumped, not copied
   with pytest.raises(ws.WeightSyncError, match=r"bitwise: \d+ tensor\(s\) differ"):
     ws.run_sync_checks(stale[1], first, skipped, 4, **kw)
+
+
+def test_record_mode_logs_every_check_and_its_statistics_without_raising(params, probe,
+                                                                         stale):
+  plan = _plan(params, "mxfp8")
+  kw = _sync_kwargs(params, plan, probe)
+  first = sc.initial_copy(params, kw["export"], 0)
+  clean = ws.run_sync_checks(params, None, first, 0, record=True, **kw)
+  assert {k for k in clean if k.startswith("sync/fired/")} == {
+      f"sync/fired/{c}" for c in ws.CHECKS}
+  assert all(clean[f"sync/fired/{c}"] == 0.0 for c in ws.CHECKS)
+  assert clean["sync/stat/bitwise_differing"] == 0.0
+  assert clean["sync/stat/version_offset"] == 0.0
+  assert clean["sync/stat/parity_k3"] == clean["sync/k3"] > 0
+  assert clean["sync/stat/padding_max_abs_diff"] == 0.0
+  # The stale copy: bitwise fires (and the run goes on); the statistic counts the
+  # differing elements; a parity gate below the measured k3 fires too.
+  skipped = first._replace(version=jnp.int32(4), syncs=jnp.int32(2))
+  tight = {("bf16", "mxfp8"): ws.Tolerance(1e-12, 1e-12)}
+  m = ws.run_sync_checks(stale[1], first, skipped, 4, record=True,
+                         **{**kw, "tolerances": tight})
+  assert m["sync/fired/bitwise"] == 1.0 and m["sync/fired/parity"] == 1.0
+  assert m["sync/fired/coverage"] == m["sync/fired/version"] == 0.0
+  assert m["sync/stat/bitwise_differing"] == ws.differing_elements(
+      first.params, kw["export"](stale[1])) > 0
+  assert "sync/k3" not in m and m["sync/stat/parity_k3"] > 0
+  # A padding gate below the statistic fires in record mode as it raises otherwise.
+  leaky = ws.run_sync_checks(params, None, first, 0, record=True,
+                             **{**kw, "padding_atol": -1.0})
+  assert leaky["sync/fired/padding"] == 1.0
+
+
+def test_differing_elements_counts_bits_and_missing_tensors():
+  a = {"w": jnp.array([0.0, 1.0, 2.0], jnp.float32), "v": jnp.ones((2,), jnp.bfloat16)}
+  b = {"w": jnp.array([-0.0, 1.0, 3.0], jnp.float32)}  # -0.0 differs in its bits
+  assert ws.differing_elements(a, a) == 0
+  assert ws.differing_elements(a, b) == 2 + 2  # two elements, and v missing
+  assert ws.differing_elements(a, {**b, "v": jnp.ones((2,), jnp.float32)}) == 2 + 2
