@@ -200,7 +200,7 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                             eval_every=config.eval_every,
                             checkpoint_every=config.checkpoint_every,
                             histogram_every=0, progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step,
+                            stop_at_step=options.stop_at_step, every_step_scalars=False,
                             # 3x the loss of a uniform guess of the value class
                             max_healthy_loss=3 * math.log(config.num_values))
     t0 = time.time()
