@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -215,13 +214,3 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                step=result.snapshot.step, workdir=options.workdir)
   return summary
 
-
-def use_compilation_cache() -> None:
-  """Script-only: JAX's persistent compilation cache (``$JAX_COMPILATION_CACHE_DIR``).
-
-  Runs of one sweep arm compile the same programs (only data values differ by seed), so
-  the cache cuts each run's ~25 s of XLA compile on CPU to ~2 s. Library callers
-  (tests) are unaffected.
-  """
-  jax.config.update("jax_compilation_cache_dir", os.environ.get(
-      "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jax_cache_memoir")))
