@@ -4,8 +4,9 @@
     python -m experiments.memoir --mode=coupled --num_steps=960 --workdir=runs/memoir/c960
 
 The model and its design notes (what is the paper's, what is ours) are in
-``models/memoir.py``; the task in ``experiments/recall_task.py``; the sweep in
-``launch/sweep_memoir.py``. Writes TensorBoard events (``train/*``, ``eval/recall``,
+``models/memoir.py``; the task in ``experiments/memoir/recall_task.py``; the sweeps in
+``experiments/memoir/sweeps.py``. ``--mode=no_write`` is the control without write heads
+(pass ``--d_hidden=346`` to match the coupled arm's parameters, as the sweep does). Writes TensorBoard events (``train/*``, ``eval/recall``,
 ``eval/energy_margin``), ``config.json``, an orbax checkpoint at the end (and every
 ``checkpoint_every`` steps) and, when the run completes, one row in ``--results_file``.
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
+import os
 
 import numpy as np
 
@@ -52,4 +54,34 @@ def cost_appendix(sweep_dir: str) -> str:
                  f"{ratio(a, 'sgd', keys[1])} | {ratio(a, BASELINE, keys[1])} | "
                  f"{ratio(a, BASELINE, keys[2])} | {ratio(a, BASELINE, keys[3])} | "
                  f"{ratio(a, BASELINE, keys[4])} |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + bench_section(sweep_dir)) + "\n"
+
+
+BENCH_FILE = "bench_step.json"
+
+
+def bench_section(sweep_dir: str) -> list[str]:
+  """The interleaved wall-clock benchmark (:mod:`experiments.temperon.bench_step`), if
+  its JSON is in the sweep directory: each arm's training seconds per run per round and
+  its ratio to ``temperon`` in every round."""
+  path = os.path.join(sweep_dir, BENCH_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    bench = json.load(f)
+  runs = bench["s_per_run"]
+  lines = ["", "## Wall-clock per run, arms interleaved in one process", "",
+           f"`python -m experiments.temperon.bench_step` ({BENCH_FILE}): each arm's own "
+           f"jitted step for its {bench['num_steps']} steps on one batch, no evaluation, "
+           f"the arms interleaved in each of {bench['rounds']} rounds on "
+           f"{bench['device']}. Ratio `arm / temperon` per round; *every round* says "
+           "whether it is on the same side of 1 in all rounds.", "",
+           "| arm | s/run per round | arm / temperon per round | every round |",
+           "|---|---|---|---|"]
+  for arm, ts in runs.items():
+    ratios = [t / b for t, b in zip(ts, runs[BASELINE])]
+    side = ("> 1" if min(ratios) > 1 else "< 1" if max(ratios) < 1 else "mixed")
+    lines.append(f"| `{arm}` | {', '.join(f'{t:.2f}' for t in ts)} | "
+                 f"{', '.join(f'{r:.2f}' for r in ratios)} | "
+                 f"{side if arm != BASELINE else '-'} |")
+  return lines
