@@ -104,21 +104,21 @@ def energy_section(sweep_dir: str, long_sweep_dir: str, confidence: float = 0.95
   pct = int(round(100 * confidence))
   long_manifest = _values(long_sweep_dir, METRIC)[2] if long_sweep_dir else []
   text = ("*Rewriting does not corrupt the energy signal; the margin grew and held* "
-          f"(the abstract): coupled arm, all budgets: "
+          f"(the abstract): coupled arm: "
           f"{_margin_curve_summary(manifest + long_manifest, 'coupled')}.")
-  for name, d in (("Short", sweep_dir), ("Long", long_sweep_dir)):
+  for name, d in (("This sweep", sweep_dir), ("Long budget (long/)", long_sweep_dir)):
     if not d:
       continue
     margin = _values(d, "eval/energy_margin")[1]
     dm = paired_difference(margin["read_only"], margin["coupled"], confidence)
-    text += (f" {name} budget, eval margin read-only − coupled: {dm.mean:+.4f} ({pct}% CI "
+    text += (f" {name}, eval margin read-only − coupled: {dm.mean:+.4f} ({pct}% CI "
              f"[{dm.ci_low:+.4f}, {dm.ci_high:+.4f}]).")
   short_margin = _values(sweep_dir, "eval/energy_margin")[1]
   pairs = [(short[a][k], short_margin[a][k]) for a in short for k in short[a]
            if k in short_margin.get(a, {})]
   if len(pairs) > 2:
     corr = float(np.corrcoef(np.asarray(pairs).T)[0, 1])
-    text += f" Across short-budget runs, corr(recall, eval margin) = {corr:.3f}."
+    text += f" Across this sweep's runs, corr(recall, eval margin) = {corr:.3f}."
   return ["### The energy margin", "", text, ""]
 
 
@@ -171,8 +171,8 @@ def memoir_appendix(sweep_dir: str, confidence: float = 0.95) -> str:
   lines = ["## Memoir: paper-style statistics", "",
            "Per-arm intervals are mean ± t·sd/√n over seeds; the paired test is on per-seed "
            "differences (the paper: read-only lead 0.1354, t = 3.23 on 11 df, 10 of 12 wins "
-           "at 240 steps; both 1.0000 at 960 steps). The claims table above decides the "
-           "claims; the long budget's is in its own report.", ""]
+           "at 240 steps; both 1.0000 at 960 steps). The claims table above decides this "
+           "sweep's claims.", ""]
   lines += budget_section(sweep_dir, "This sweep", confidence=confidence)
   if long_sweep_dir:
     lines += budget_section(long_sweep_dir, "Long budget", confidence=confidence)

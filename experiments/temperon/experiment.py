@@ -272,10 +272,9 @@ def task_data(config: TemperonConfig
   return train_images, train_labels, test_images, test_labels
 
 
-def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (metrics and paths)."""
-  options = resolve_run_options(options, EXPERIMENT, config)
-  train_images, train_labels, test_images, test_labels = task_data(config)
+def make_train_step(config: TemperonConfig):
+  """``(init, step)``: ``init(key) -> (TrainState, loop key)``, ``step(state, batch, key)
+  -> (state, metrics)`` jitted with the state donated, and ``loss_fn`` behind them."""
   model = ResNet(ResNetConfig(width=config.width, num_stages=config.num_stages,
                               blocks_per_stage=config.blocks_per_stage))
   optimizer = make_optimizer(config)
@@ -296,7 +295,20 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                "phase": (state.step >= config.switch_step()).astype(jnp.float32)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  jitted_step = jax.jit(train_step, donate_argnums=(0,))
+  @jax.jit
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    params = model.init(init_key, jnp.zeros((1, 8, 8, 1), jnp.float32))["params"]
+    return init_train_state(params, optimizer), loop_key
+
+  return init, jax.jit(train_step, donate_argnums=(0,)), loss_fn
+
+
+def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str, Any]:
+  """Trains and evaluates one run; returns its summary (metrics and paths)."""
+  options = resolve_run_options(options, EXPERIMENT, config)
+  train_images, train_labels, test_images, test_labels = task_data(config)
+  init, jitted_step, loss_fn = make_train_step(config)
   step_times: list[tuple[int, float]] = []
 
   def timed_step(state, batch, key):
@@ -307,12 +319,6 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     jax.block_until_ready(out[1]["loss"])
     step_times.append((step, time.perf_counter() - t))
     return out
-
-  @jax.jit
-  def init(key):
-    init_key, loop_key = jax.random.split(key)
-    params = model.init(init_key, jnp.zeros((1, 8, 8, 1), jnp.float32))["params"]
-    return init_train_state(params, optimizer), loop_key
 
   def fresh() -> Snapshot:
     state, rng = init(jax.random.PRNGKey(config.seed))
