@@ -73,7 +73,8 @@ def bench_section(sweep_dir: str) -> list[str]:
   lines = ["", "## Wall-clock per run, arms interleaved in one process", "",
            f"`python -m experiments.temperon.bench_step` ({BENCH_FILE}): each arm's own "
            f"jitted step for its {bench['num_steps']} steps on one batch, no evaluation, "
-           f"the arms interleaved in each of {bench['rounds']} rounds on "
+           f"the arms interleaved in each of {bench['rounds']} rounds (in "
+           f"{bench.get('chunks', 1)} chunks per run, the arms in turn) on "
            f"{bench['device']}. Ratio `arm / temperon` per round; *every round* says "
            "whether it is on the same side of 1 in all rounds.", "",
            "| arm | s/run per round | arm / temperon per round | every round |",
