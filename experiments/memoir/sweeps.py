@@ -46,6 +46,8 @@ not run (the old short report, which predates the evidence rules, was removed). 
 
 Sizing: a 960-step run took 72-90 s on the shared 2-core machine (one core, pinned,
 while another sweep ran), so 24 runs come to about 30-35 min at ``--parallel=1``.
+Measured (2026-12-05): 11.2 min, 675 s (the compilation cache was warm from the calibration
+and a discarded first run; runs of about 30 s).
 
 Claims (margins fixed here before the runs; recall is a fraction of 1024 queries). The
 equivalence margin is 0.05 recall: well under the paper's short-budget lead (0.135), so
