@@ -37,7 +37,12 @@ Our choices [OURS] (none of these is known to match the paper):
 
     so the read-only arm computes exactly the same write (into a shadow copy whose
     drift is logged, which also keeps it live under XLA) and the two arms have identical
-    parameter trees and identical forward multiply-accumulates (:func:`forward_macs`);
+    parameter trees and identical forward multiply-accumulates (:func:`forward_macs`).
+    The shadow is never read, so in the read-only arm the write heads get zero
+    gradient: it trains fewer live parameters;
+  * ``no_write`` is the control for that: no write heads and no shadow, with the core
+    widened (:func:`matched_hidden`) so its live parameters match the coupled arm's
+    (its forward MACs are lower: :func:`forward_macs`);
   * the energy is taken between consecutive pondering latents (``h_n -> h_{n+1}``,
     ``n = 0..N-1``), ``ln`` is a parameter-free layer norm, the negative is the batch
     rolled by one; prediction is ``argmax sum_n p_n softmax(logits_n)``;
@@ -57,7 +62,7 @@ import jax.numpy as jnp
 
 from models import delta_rule
 
-MODES = ("coupled", "read_only")
+MODES = ("coupled", "read_only", "no_write")
 HALTINGS = ("ponder", "fixed")
 
 
@@ -163,8 +168,9 @@ def forward_macs(config: MemoirConfig, num_pairs: int) -> int:
   """Declared forward multiply-accumulates per sample (matmuls and memory ops).
 
   Counts every dense layer, each delta-rule write (``2 d_mem^2``) and read (``d_mem^2``);
-  elementwise ops, norms and the softmax are not counted. The mode does not enter:
-  the read-only arm performs the same write into its shadow memory.
+  elementwise ops, norms and the softmax are not counted. Coupled and read-only count
+  the same (the read-only arm performs the same write into its shadow memory);
+  ``no_write`` has no write heads and no write.
   """
   if num_pairs < 1:
     raise ValueError(f"num_pairs must be >= 1, got {num_pairs}")
@@ -172,13 +178,27 @@ def forward_macs(config: MemoirConfig, num_pairs: int) -> int:
   stream = num_pairs * (c.key_dim * c.d_mem + c.d_mem) \
       + delta_rule.delta_rule_macs(num_pairs, c.d_mem, c.d_mem, with_reads=False)
   query_in = c.key_dim * c.d_latent
-  per_step = (2 * c.d_latent * c.d_mem + c.d_latent          # write key, value, beta
-              + 2 * c.d_mem * c.d_mem                         # delta write
+  write = 2 * c.d_latent * c.d_mem + c.d_latent + 2 * c.d_mem * c.d_mem  # heads + write
+  per_step = (write * (c.mode != "no_write")
               + c.d_latent * c.d_mem + c.d_mem * c.d_mem      # read key, read
               + (c.d_latent + c.d_mem) * c.d_hidden + c.d_hidden * c.d_latent   # core
               + c.d_latent + c.d_latent * c.num_values        # halt, output
               + c.d_latent * c.d_pred + c.d_pred * c.d_latent)  # energy predictor
   return stream + query_in + c.max_steps * per_step
+
+
+def write_head_params(config: MemoirConfig) -> int:
+  """Parameters of the pondering write heads (key, value, beta; weights and biases)."""
+  c = config
+  return 2 * (c.d_latent * c.d_mem + c.d_mem) + c.d_latent + 1
+
+
+def matched_hidden(config: MemoirConfig) -> int:
+  """The ``d_hidden`` at which ``no_write`` has (nearest) as many parameters as the
+  model with write heads: each hidden unit of the core holds ``d_latent + d_mem``
+  input weights, a bias and ``d_latent`` output weights."""
+  per_unit = 2 * config.d_latent + config.d_mem + 1
+  return config.d_hidden + int(round(write_head_params(config) / per_unit))
 
 
 # ----------------------------------------------------------------------------- module
@@ -196,7 +216,7 @@ class Memoir(nn.Module):
 
     Returns ``logits [N, B, V]``, ``halt_p [N, B]``, ``e_pos``/``e_neg [N, B]`` and
     ``drift [B]`` (relative change of the memory the pondering writes: the real one in
-    coupled mode, the shadow in read-only mode).
+    coupled mode, the shadow in read-only mode, zero in no-write mode).
     """
     c = self.config
     if keys.ndim != 3 or keys.shape[2] != c.key_dim:
@@ -214,9 +234,10 @@ class Memoir(nn.Module):
     s0 = jnp.zeros((b, c.d_mem, c.d_mem), keys.dtype)
     _, memory = delta_rule.delta_rule_chunked(phi_k, phi_k, v, beta, s0, chunk=c.chunk)
 
-    write_key = nn.Dense(c.d_mem, name="write_key")
-    write_value = nn.Dense(c.d_mem, name="write_value")
-    write_beta = nn.Dense(1, name="write_beta")
+    if c.mode != "no_write":
+      write_key = nn.Dense(c.d_mem, name="write_key")
+      write_value = nn.Dense(c.d_mem, name="write_value")
+      write_beta = nn.Dense(1, name="write_beta")
     read_key = nn.Dense(c.d_mem, name="read_key")
     core_norm = nn.LayerNorm(name="core_norm")
     core_in = nn.Dense(c.d_hidden, name="core_in")
@@ -231,13 +252,14 @@ class Memoir(nn.Module):
     read_mem, shadow = memory, memory
     latents, logits, lambdas = [h], [], []
     for _ in range(c.max_steps):
-      wk = l2_normalize(write_key(h))
-      wv = write_value(h)
-      wb = jax.nn.sigmoid(write_beta(h)[:, 0])
-      if c.mode == "coupled":
-        read_mem = delta_rule.delta_write(read_mem, wk, wv, wb)
-      else:
-        shadow = delta_rule.delta_write(shadow, wk, wv, wb)
+      if c.mode != "no_write":
+        wk = l2_normalize(write_key(h))
+        wv = write_value(h)
+        wb = jax.nn.sigmoid(write_beta(h)[:, 0])
+        if c.mode == "coupled":
+          read_mem = delta_rule.delta_write(read_mem, wk, wv, wb)
+        else:
+          shadow = delta_rule.delta_write(shadow, wk, wv, wb)
       r = delta_rule.delta_read(read_mem, l2_normalize(read_key(h)))
       h = h + core_out(nn.gelu(core_in(core_norm(jnp.concatenate([h, r], axis=-1)))))
       latents.append(h)

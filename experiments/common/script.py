@@ -142,6 +142,24 @@ def _last_checkpoint(workdir: str) -> str:
   return f"step {steps[-1]} in {os.path.join(workdir, 'checkpoints')}" if steps else "none"
 
 
+def compilation_cache(experiment: str) -> Callable[[], None]:
+  """A ``setup`` that turns on JAX's persistent compilation cache
+  (``$JAX_COMPILATION_CACHE_DIR``, default ``<tmp>/jax_cache_<experiment>``).
+
+  A sweep's runs of one arm compile the same programs (only data values differ by
+  seed), so the cache cuts each later run's XLA compile on CPU to a few seconds.
+  Script-only: library callers (tests) are unaffected."""
+
+  def setup() -> None:
+    import tempfile  # pylint: disable=import-outside-toplevel
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"jax_cache_{experiment}")))
+
+  return setup
+
+
 def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
         setup: Callable[[], None] | None = None) -> None:
   """Defines the flags and runs :func:`main_for` (call from ``__main__`` only)."""

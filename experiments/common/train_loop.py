@@ -102,6 +102,9 @@ class LoopSettings:
   # A checkpoint whose last train loss is not finite or above this is *unhealthy*; the
   # checkpointer always keeps the newest healthy one (see experiments.common.checkpoint).
   max_healthy_loss: float = math.inf
+  # False: write train metrics at the log_every steps (and the last) only, that step's
+  # values, to keep committed events small; every step is still checked for a finite loss.
+  every_step_scalars: bool = True
 
   def __post_init__(self):
     if self.num_steps < 1:
@@ -241,7 +244,9 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched):
       last_train = {k: float(v) for k, v in m.items()}
-      writer.write_scalars(s, {train_tag(k): v for k, v in last_train.items()})
+      if (settings.every_step_scalars or s == settings.num_steps
+          or _due(s, settings.log_every)):
+        writer.write_scalars(s, {train_tag(k): v for k, v in last_train.items()})
       if not np.isfinite(last_train["loss"]):
         writer.flush()
         raise FloatingPointError(f"non-finite train loss {last_train['loss']} at step {s}")

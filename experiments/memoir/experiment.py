@@ -4,8 +4,9 @@
     python -m experiments.memoir --mode=coupled --num_steps=960 --workdir=runs/memoir/c960
 
 The model and its design notes (what is the paper's, what is ours) are in
-``models/memoir.py``; the task in ``experiments/recall_task.py``; the sweep in
-``launch/sweep_memoir.py``. Writes TensorBoard events (``train/*``, ``eval/recall``,
+``models/memoir.py``; the task in ``experiments/memoir/recall_task.py``; the sweeps in
+``experiments/memoir/sweeps.py``. ``--mode=no_write`` is the control without write heads
+(pass ``--d_hidden=346`` to match the coupled arm's parameters, as the sweep does). Writes TensorBoard events (``train/*``, ``eval/recall``,
 ``eval/energy_margin``), ``config.json``, an orbax checkpoint at the end (and every
 ``checkpoint_every`` steps) and, when the run completes, one row in ``--results_file``.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -200,7 +200,7 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                             eval_every=config.eval_every,
                             checkpoint_every=config.checkpoint_every,
                             histogram_every=0, progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step,
+                            stop_at_step=options.stop_at_step, every_step_scalars=False,
                             # 3x the loss of a uniform guess of the value class
                             max_healthy_loss=3 * math.log(config.num_values))
     t0 = time.time()
@@ -215,13 +215,3 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                step=result.snapshot.step, workdir=options.workdir)
   return summary
 
-
-def use_compilation_cache() -> None:
-  """Script-only: JAX's persistent compilation cache (``$JAX_COMPILATION_CACHE_DIR``).
-
-  Runs of one sweep arm compile the same programs (only data values differ by seed), so
-  the cache cuts each run's ~25 s of XLA compile on CPU to ~2 s. Library callers
-  (tests) are unaffected.
-  """
-  jax.config.update("jax_compilation_cache_dir", os.environ.get(
-      "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jax_cache_memoir")))

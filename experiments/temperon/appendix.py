@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
+import os
 
 import numpy as np
 
 from experiments.common.sweep_data import read_manifest, results_by_run
-from experiments.temperon.sweeps import BASELINE
+from experiments.temperon.sweeps import BASELINE, TARGET
 
 
 def _mean(xs):
@@ -27,8 +29,9 @@ def cost_appendix(sweep_dir: str) -> str:
   for name, row in results_by_run(sweep_dir).items():
     by_arm[manifest[name]["arm"]].append(row["metrics"])
   arms = list(dict.fromkeys(m["arm"] for m in manifest.values()))
-  keys = ("cost/grad_evals_per_step", "cost/total_s", "time_to/0.95", "time_to/0.97",
-          "steps_to/0.97")
+  t = f"{TARGET:g}"
+  keys = ("cost/grad_evals_per_step", "cost/total_s", f"grad_evals_to/{t}",
+          f"time_to/{t}", f"steps_to/{t}")
   means = {a: {k: _mean([r.get(k) for r in by_arm.get(a, [])]) for k in keys} for a in arms}
 
   def ratio(a, ref, k):
@@ -37,14 +40,49 @@ def cost_appendix(sweep_dir: str) -> str:
             f"{x / y:.2f} (n={n})")
 
   lines = ["", "## Cost and time-to-target as ratios", "",
-           "Ratio of arm means (n = seeds with a value). `grad evals/step`: 2 for SAM "
-           "steps, 1 otherwise. `wall/run`: steps x measured median s/step per phase. "
-           "`time to 0.97`: calibrated seconds to first reach 97% test accuracy.", "",
-           "| arm | grad evals/step vs sgd | wall/run vs sgd | wall/run vs temperon | "
-           "time to 0.95 vs temperon | time to 0.97 vs temperon | steps to 0.97 vs temperon |",
-           "|---|---|---|---|---|---|---|"]
+           "Ratio of arm means (n = seeds with a value). `SAM steps`: the share of steps "
+           "that take SAM's second gradient (grad evals/step - 1). `wall/run`: steps x the "
+           "run's measured median s/step of each step kind (phase, SAM or not). "
+           f"`... to {t}`: gradient evaluations / calibrated seconds / steps to the first "
+           f"evaluation at {t} test accuracy.", "",
+           "| arm | SAM steps | grad evals/run vs sgd | wall/run vs sgd | wall/run vs temperon "
+           f"| grad evals to {t} vs temperon | time to {t} vs temperon | steps to {t} vs "
+           "temperon |", "|---|---|---|---|---|---|---|---|"]
   for a in arms:
-    lines.append(f"| `{a}` | {ratio(a, 'sgd', keys[0])} | {ratio(a, 'sgd', keys[1])} | "
-                 f"{ratio(a, BASELINE, keys[1])} | {ratio(a, BASELINE, keys[2])} | "
-                 f"{ratio(a, BASELINE, keys[3])} | {ratio(a, BASELINE, keys[4])} |")
-  return "\n".join(lines) + "\n"
+    share = means[a][keys[0]][0] - 1
+    lines.append(f"| `{a}` | {share:.2f} | {ratio(a, 'sgd', keys[0])} | "
+                 f"{ratio(a, 'sgd', keys[1])} | {ratio(a, BASELINE, keys[1])} | "
+                 f"{ratio(a, BASELINE, keys[2])} | {ratio(a, BASELINE, keys[3])} | "
+                 f"{ratio(a, BASELINE, keys[4])} |")
+  return "\n".join(lines + bench_section(sweep_dir)) + "\n"
+
+
+BENCH_FILE = "bench_step.json"
+
+
+def bench_section(sweep_dir: str) -> list[str]:
+  """The interleaved wall-clock benchmark (:mod:`experiments.temperon.bench_step`), if
+  its JSON is in the sweep directory: each arm's training seconds per run per round and
+  its ratio to ``temperon`` in every round."""
+  path = os.path.join(sweep_dir, BENCH_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    bench = json.load(f)
+  runs = bench["s_per_run"]
+  lines = ["", "## Wall-clock per run, arms interleaved in one process", "",
+           f"`python -m experiments.temperon.bench_step` ({BENCH_FILE}): each arm's own "
+           f"jitted step for its {bench['num_steps']} steps on one batch, no evaluation, "
+           f"the arms interleaved in each of {bench['rounds']} rounds (in "
+           f"{bench.get('chunks', 1)} chunks per run, the arms in turn) on "
+           f"{bench['device']}. Ratio `arm / temperon` per round; *every round* says "
+           "whether it is on the same side of 1 in all rounds.", "",
+           "| arm | s/run per round | arm / temperon per round | every round |",
+           "|---|---|---|---|"]
+  for arm, ts in runs.items():
+    ratios = [t / b for t, b in zip(ts, runs[BASELINE])]
+    side = ("> 1" if min(ratios) > 1 else "< 1" if max(ratios) < 1 else "mixed")
+    lines.append(f"| `{arm}` | {', '.join(f'{t:.2f}' for t in ts)} | "
+                 f"{', '.join(f'{r:.2f}' for r in ratios)} | "
+                 f"{side if arm != BASELINE else '-'} |")
+  return lines

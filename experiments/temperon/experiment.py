@@ -62,6 +62,12 @@ class TemperonConfig:
   batch_size: int = config_field(64, "Batch size.", domain="[1, inf)")
   train_examples: int = config_field(0, "Use only the first N training images (0: all).",
                                      domain="[0, inf)")
+  label_noise: float = config_field(0.0, "Fraction of the training labels replaced by "
+                                    "another class drawn uniformly (which ones and by "
+                                    "what: a function of the seed).", domain="[0, 1)")
+  test_set: str = config_field("split", "split: the fixed 359-image test split; rest: "
+                               "every image not trained on (1797 - train_examples).",
+                               choices=("split", "rest"))
   width: int = config_field(16, "ResNet width (channels of the first stage).",
                             domain="[1, inf)")
   num_stages: int = config_field(2, "ResNet stages (width doubles, stride 2, per stage).",
@@ -73,6 +79,11 @@ class TemperonConfig:
                               choices=("none",) + PHASE_KINDS)
   handoff_fraction: float = config_field(0.43, "Fraction of num_steps run by the explorer.",
                                          domain="(0, 1)")
+  sam_steps: str = config_field(
+      "all", "Which steps of a one-phase (refiner=none) SAM run take the SAM pass: all; "
+      "late: from round(handoff_fraction * num_steps) on (late-phase SAM); periodic: "
+      "num_steps - round(handoff_fraction * num_steps) of them spread uniformly (the "
+      "same SAM-step budget as the handoff).", choices=("all", "late", "periodic"))
   explorer_schedule: str = config_field("restarts", "Explorer LR schedule.",
                                         choices=("restarts", "cosine"))
   n_cycles: int = config_field(4, "Warm-restart cycles of the explorer schedule.",
@@ -119,6 +130,14 @@ class TemperonConfig:
     if self.refiner != "none" and not 0 < self.switch_step() < self.num_steps:
       raise ValueError(f"handoff_fraction {self.handoff_fraction} leaves an empty phase "
                        f"with num_steps={self.num_steps}")
+    if self.sam_steps != "all" and (self.refiner != "none"
+                                    or not self.explorer.endswith("_sam")):
+      raise ValueError(f"sam_steps={self.sam_steps!r} needs a one-phase SAM run "
+                       f"(refiner=none, explorer *_sam), got explorer={self.explorer!r}, "
+                       f"refiner={self.refiner!r}")
+    if self.sam_steps != "all" and not 0 < self.sam_start() < self.num_steps:
+      raise ValueError(f"handoff_fraction {self.handoff_fraction} leaves no SAM steps or "
+                       f"no plain ones with num_steps={self.num_steps}")
     for t in self.target_list():
       if not 0.0 < t <= 1.0:
         raise ValueError(f"targets must be in (0, 1], got {t}")
@@ -129,13 +148,27 @@ class TemperonConfig:
       return self.num_steps
     return int(round(self.handoff_fraction * self.num_steps))
 
+  def sam_start(self) -> int:
+    """round(handoff_fraction * num_steps): the handoff's step, whatever the refiner."""
+    return int(round(self.handoff_fraction * self.num_steps))
+
+  def sam_active(self, step):
+    """Whether step ``step`` (0-based; a Python int or a traced int32) of a one-phase
+    SAM run takes the SAM pass under ``sam_steps``."""
+    if self.sam_steps == "late":
+      return step >= self.sam_start()
+    if self.sam_steps == "periodic":  # k of n steps, evenly: step i iff floor moves
+      k, n = self.num_steps - self.sam_start(), self.num_steps
+      return (step + 1) * k // n > step * k // n
+    return step >= 0
+
   def target_list(self) -> tuple[float, ...]:
     return tuple(float(t) for t in self.targets.split(",") if t.strip())
 
   def grad_evals(self, step: int) -> int:
     """Gradient evaluations of step ``step`` (0-based): SAM's two, else one."""
     kind = self.explorer if step < self.switch_step() else self.refiner
-    return 2 if kind.endswith("_sam") else 1
+    return 2 if kind.endswith("_sam") and bool(self.sam_active(step)) else 1
 
 
 def make_phase(config: TemperonConfig, kind: str, horizon: int, schedule: str,
@@ -162,7 +195,13 @@ def make_phase(config: TemperonConfig, kind: str, horizon: int, schedule: str,
     rho = config.muon_rho
   if not kind.endswith("_sam"):
     return base
-  return optim.sam(base, optax.linear_schedule(0.0, rho, max(config.rho_ramp_steps, 1)))
+  if config.sam_steps == "all":
+    return optim.sam(base, optax.linear_schedule(0.0, rho, max(config.rho_ramp_steps, 1)))
+  # one phase: SAM's count is the run's step; the late phase ramps rho from its start
+  begin = config.sam_start() if config.sam_steps == "late" else 0
+  return optim.sam(base, optax.linear_schedule(0.0, rho, max(config.rho_ramp_steps, 1),
+                                               transition_begin=begin),
+                   active=config.sam_active)
 
 
 def make_optimizer(config: TemperonConfig) -> optax.GradientTransformationExtraArgs:
@@ -197,25 +236,45 @@ def steps_to_targets(curve: list[tuple[int, float]], targets: tuple[float, ...]
   return out
 
 
-def calibrated_seconds(config: TemperonConfig, steps: float, phase_s: dict[int, float]
-                       ) -> float:
-  """Seconds to run ``steps`` steps at each phase's median measured s/step (the paper's
-  epochs-to-target x calibrated s/epoch, per step)."""
+def step_kind(config: TemperonConfig, step: int) -> tuple[int, int]:
+  """(phase, gradient evaluations) of a step: the steps that cost the same."""
+  return int(step >= config.switch_step()), config.grad_evals(step)
+
+
+def calibrated_seconds(config: TemperonConfig, steps: float,
+                       kind_s: dict[tuple[int, int], float]) -> float:
+  """Seconds to run ``steps`` steps at each step kind's median measured s/step (the
+  paper's epochs-to-target x calibrated s/epoch, per step; kinds: :func:`step_kind`)."""
   if not math.isfinite(steps):
     return math.nan
-  n = int(steps)
-  counts = (min(config.switch_step(), n), n - min(config.switch_step(), n))
-  return float(sum(c * phase_s.get(p, math.nan) for p, c in enumerate(counts) if c))
+  return float(sum(kind_s.get(step_kind(config, s), math.nan) for s in range(int(steps))))
 
 
-def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (metrics and paths)."""
-  options = resolve_run_options(options, EXPERIMENT, config)
-  splits = digits.load_digits_splits(seed=0)  # one fixed split: every run sees one test set
-  train_images, train_labels = splits.train_images, splits.train_labels
-  if config.train_examples:
-    train_images = train_images[:config.train_examples]
-    train_labels = train_labels[:config.train_examples]
+def task_data(config: TemperonConfig
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(train images, train labels, test images, test labels) of a run.
+
+  One fixed shuffle of the 1797 digits (every run trains on the same first
+  ``train_examples`` training images); ``label_noise`` then relabels
+  ``round(label_noise * n)`` of them, chosen with the seed, to a uniformly drawn other
+  class; the test set is the fixed split or every image not trained on."""
+  splits = digits.load_digits_splits(seed=0)
+  n = config.train_examples or len(splits.train_labels)
+  train_images, train_labels = splits.train_images[:n], splits.train_labels[:n].copy()
+  test_images, test_labels = splits.test_images, splits.test_labels
+  if config.test_set == "rest":
+    test_images = np.concatenate([test_images, splits.train_images[n:]])
+    test_labels = np.concatenate([test_labels, splits.train_labels[n:]])
+  if config.label_noise:
+    rng = np.random.default_rng([config.seed, 0x1abe1])
+    flip = rng.permutation(n)[:int(round(config.label_noise * n))]
+    train_labels[flip] = (train_labels[flip] + rng.integers(1, 10, size=len(flip))) % 10
+  return train_images, train_labels, test_images, test_labels
+
+
+def make_train_step(config: TemperonConfig):
+  """``(init, step)``: ``init(key) -> (TrainState, loop key)``, ``step(state, batch, key)
+  -> (state, metrics)`` jitted with the state donated, and ``loss_fn`` behind them."""
   model = ResNet(ResNetConfig(width=config.width, num_stages=config.num_stages,
                               blocks_per_stage=config.blocks_per_stage))
   optimizer = make_optimizer(config)
@@ -236,7 +295,20 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                "phase": (state.step >= config.switch_step()).astype(jnp.float32)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  jitted_step = jax.jit(train_step, donate_argnums=(0,))
+  @jax.jit
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    params = model.init(init_key, jnp.zeros((1, 8, 8, 1), jnp.float32))["params"]
+    return init_train_state(params, optimizer), loop_key
+
+  return init, jax.jit(train_step, donate_argnums=(0,)), loss_fn
+
+
+def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str, Any]:
+  """Trains and evaluates one run; returns its summary (metrics and paths)."""
+  options = resolve_run_options(options, EXPERIMENT, config)
+  train_images, train_labels, test_images, test_labels = task_data(config)
+  init, jitted_step, loss_fn = make_train_step(config)
   step_times: list[tuple[int, float]] = []
 
   def timed_step(state, batch, key):
@@ -248,18 +320,11 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     step_times.append((step, time.perf_counter() - t))
     return out
 
-  @jax.jit
-  def init(key):
-    init_key, loop_key = jax.random.split(key)
-    params = model.init(init_key, jnp.zeros((1, 8, 8, 1), jnp.float32))["params"]
-    return init_train_state(params, optimizer), loop_key
-
   def fresh() -> Snapshot:
     state, rng = init(jax.random.PRNGKey(config.seed))
     return Snapshot(state=state, rng=rng, step=0, data_position=0)
 
-  test_batch = {"images": jnp.asarray(splits.test_images),
-                "labels": jnp.asarray(splits.test_labels)}
+  test_batch = {"images": jnp.asarray(test_images), "labels": jnp.asarray(test_labels)}
   eval_fn = jax.jit(loss_fn)
 
   def evaluate(params) -> dict[str, float]:
@@ -289,7 +354,7 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                             eval_every=config.eval_every,
                             checkpoint_every=config.checkpoint_every,
                             histogram_every=0, progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step,
+                            stop_at_step=options.stop_at_step, every_step_scalars=False,
                             # 3x the loss of a uniform guess of the 10 digits
                             max_healthy_loss=3 * math.log(10))
     t0 = time.time()
@@ -298,13 +363,12 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
                       evaluate=evaluate)
     checkpointer.close()
 
-    # Per-phase median s/step, leaving out this process's first step (it compiles).
-    phase_s: dict[int, float] = {}
-    for phase in (0, 1):
-      ts = [dt for i, (s, dt) in enumerate(step_times) if i > 0
-            and (s >= config.switch_step()) == bool(phase)]
-      if ts:
-        phase_s[phase] = float(np.median(ts))
+    # Median s/step per step kind (phase, gradient evaluations), leaving out each
+    # kind's first step in this process (it compiles).
+    by_kind: dict[tuple[int, int], list[float]] = {}
+    for s, dt in step_times:
+      by_kind.setdefault(step_kind(config, s), []).append(dt)
+    kind_s = {k: float(np.median(ts[1:] or ts)) for k, ts in by_kind.items()}
     for s, dt in step_times[1:]:
       if s % config.log_every == 0:
         writer.write_scalars(s + 1, {"perf/step_s": dt})
@@ -314,14 +378,16 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     curve = read_scalars(options.workdir).get("eval/accuracy", [])
     evals = sum(config.grad_evals(s) for s in range(config.num_steps))
     metrics["cost/grad_evals_per_step"] = evals / config.num_steps
-    metrics["cost/phase0_s_per_step"] = phase_s.get(0, math.nan)
-    metrics["cost/phase1_s_per_step"] = phase_s.get(1, math.nan)
-    metrics["cost/total_s"] = calibrated_seconds(config, config.num_steps, phase_s)
+    for phase in (0, 1):
+      metrics[f"cost/phase{phase}_s_per_step"] = float(np.mean(
+          [kind_s.get(step_kind(config, s), math.nan) for s in range(config.num_steps)
+           if step_kind(config, s)[0] == phase] or [math.nan]))
+    metrics["cost/total_s"] = calibrated_seconds(config, config.num_steps, kind_s)
     for t, s in steps_to_targets(curve, config.target_list()).items():
       metrics[f"steps_to/{t:g}"] = s
       metrics[f"grad_evals_to/{t:g}"] = (sum(config.grad_evals(i) for i in range(int(s)))
                                          if math.isfinite(s) else math.nan)
-      metrics[f"time_to/{t:g}"] = calibrated_seconds(config, s, phase_s)
+      metrics[f"time_to/{t:g}"] = calibrated_seconds(config, s, kind_s)
       metrics[f"reached/{t:g}"] = float(math.isfinite(s))
     summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
                           num_params=n_params, resumed_from_step=start.step,

@@ -1,52 +1,127 @@
-"""The ``temperon`` sweep: Temperon's arms and ablations in miniature.
+"""The ``temperon`` sweep: Temperon against full-time, late-phase and periodic SAM.
 
-    python -m launch.sweep --sweep=temperon --sweep_dir=experiments/temperon/report
+    python -m launch.sweep --sweep=temperon --sweep_dir=experiments/temperon/report \
+        --parallel=1
 
-Scaled down from the paper (WRN-110 on CIFAR, 100 epochs, 5 seeds) to fit ~20 minutes on
-2 shared CPU cores: a 2-stage ResNet (width 16, one block per stage, ~30k params,
-GroupNorm) on 300 training images of sklearn digits (the full 1438 make every arm ~99%;
-fewer images make generalisation, where SAM acts, matter), 600 steps of batch 64
-(~128 epochs of the subset), test on the fixed 359-image split, 4 seeds. Warm-up,
-re-entry warm-up and rho ramp are scaled from 200/200/400 steps to 20/20/40.
+Scaled down from the paper (WRN-110 on CIFAR, 100 epochs, 5 seeds): a 2-stage ResNet
+(width 16, one block per stage, ~30k params, GroupNorm), 600 steps of batch 64. The
+task is made hard enough for arms to separate (issue 19: the earlier sweep's test split
+of 359 images saturated at 0.955-0.970 for every arm): the model trains on the first
+100 images of the fixed digits shuffle (about 320 epochs of them) and is tested on
+every other image, 1697 (one image = 0.06 pp). Warm-up, re-entry warm-up and rho ramp
+are scaled from 200/200/400 steps to 20/20/40. Arms (each once per seed, paired):
+
+* ``temperon``: SGD with warm restarts for 43% of the steps, then SAM-Muon (rho 0.05),
+  momentum transfer (the paper's ``arm_P_handoff``);
+* ``sgd``: plain SGD with restarts, the whole run (what the task was calibrated on);
+* ``sgd_sam`` / ``sam_muon``: full-time SAM around SGD (rho 0.2) / Muon (rho 0.05);
+* ``late_sam``: late-phase SAM (arXiv:2410.10373): SGD, one cosine over the run, SAM
+  (rho 0.2, ramped from its start) on the last 57% of steps;
+* ``periodic_sam``: uniform periodic SAM: SAM-Muon as ``sam_muon`` but with the SAM
+  pass on 342 of the 600 steps, spread uniformly (the paper's period-2 arm, at
+  Temperon's SAM-step budget: 57% rather than 50%);
+* ``abl_sgd_refiner``: Temperon with a SAM-SGD refiner (the paper's ``arm_P_sgdtail``).
+
+Seeds 0-11 evaluate; seeds 100 and 101 calibrated (before this sweep, plain ``sgd``,
+final test accuracy on the images not trained on, seeds 100 / 101): 300 images 0.961 /
+-; 300 images with 20% / 30% label noise 0.788 / 0.719 (seed 100 only); 120 images
+0.867 / 0.912; 100 images 0.843 / 0.859. Chosen: 100 clean images (mean 0.851, the
+issue's ~85% for plain SGD). Nothing else was tuned: learning rates, rho and schedules
+are the previous sweep's (the paper's, scaled).
+
+Sizing: one run took about 20 s on the shared 2-core machine (about 6 s of training,
+the rest start-up and compilation), so 7 arms x 12 seeds = 84 runs come to about
+28 min at ``--parallel=1``. Measured (2026-12-05): 71.4 min, runs of 19-75 s, because
+the other agents' load rose after the one-run measurement (load average 4-9 on 2 cores).
+
+Claims (margins fixed here before the runs; accuracies are fractions of the 1697 test
+images). The equivalence margin is 0.01 (1 pp): the effects the paper calls real are of
+that size (the Muon refiner +0.85 pp, periodic SAM -1.12 pp), so a tie within 1 pp is
+the finest the paper's own ablations can tell apart:
+
+1. Temperon ties full-time SAM+SGD: ``temperon`` equivalent to ``sgd_sam`` on
+   ``eval/accuracy`` within 0.01.
+2. Temperon ties full-time SAM+Muon: ``temperon`` equivalent to ``sam_muon`` within 0.01.
+3. Temperon beats uniform periodic SAM at the same SAM-step budget: ``temperon``
+   better than ``periodic_sam``.
+4. Temperon beats late-phase SAM: ``temperon`` better than ``late_sam``.
+5. The Muon refiner is worth its cost: ``temperon`` better than ``abl_sgd_refiner``.
+6. SAM helps on this task at all (Foret et al.): ``sgd_sam`` better than ``sgd``.
+7. Temperon is cheaper than full-time SAM: fewer gradient evaluations per step
+   (``cost/grad_evals_per_step``, exact: 1.57 vs 2) and less wall-clock per run
+   (``cost/total_s``: steps x the run's median measured s/step of each step kind), each
+   against ``sgd_sam`` and ``sam_muon``.
+8. Temperon reaches the hard target sooner than full-time SAM+SGD: ``time_to/0.85``
+   (calibrated seconds to the first evaluation at 85% test accuracy; seeds where either
+   arm never reaches it drop out of the pair).
 """
 
 from __future__ import annotations
 
-from experiments.common.sweep_spec import Arm, Sweep
+from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.temperon.experiment import TemperonConfig
 
-SEEDS = (0, 1, 2, 3)
+SEEDS = tuple(range(12))
+CALIBRATION_SEEDS = (100, 101)
 BASELINE = "temperon"
+ACCURACY = "eval/accuracy"
+MARGIN = 0.01
+TARGET = 0.85
+PAPER = "Temperon README (MStamatis/temperon)"
+
+FULL_TIME = {"refiner": "none"}
+ARMS = (
+    Arm("temperon", {}),  # SGD + restarts for 43%, then SAM-Muon, momentum transfer
+    Arm("sgd", {**FULL_TIME, "explorer": "sgd"}),
+    Arm("sgd_sam", {**FULL_TIME, "explorer": "sgd_sam"}),
+    Arm("sam_muon", {**FULL_TIME, "explorer": "muon_sam"}),
+    Arm("late_sam", {**FULL_TIME, "explorer": "sgd_sam", "explorer_schedule": "cosine",
+                     "sam_steps": "late"}),
+    Arm("periodic_sam", {**FULL_TIME, "explorer": "muon_sam", "sam_steps": "periodic"}),
+    Arm("abl_sgd_refiner", {"refiner": "sgd_sam"}),
+)
+
+CLAIMS = (
+    Claim("Temperon ties full-time SAM+SGD", "equivalent", BASELINE, "sgd_sam", ACCURACY,
+          margin=MARGIN, source=PAPER),
+    Claim("Temperon ties full-time SAM+Muon", "equivalent", BASELINE, "sam_muon", ACCURACY,
+          margin=MARGIN, source=PAPER),
+    Claim("Temperon beats uniform periodic SAM (same SAM-step budget)", "better", BASELINE,
+          "periodic_sam", ACCURACY, source=PAPER + ", c100_sammuon_p2"),
+    Claim("Temperon beats late-phase SAM", "better", BASELINE, "late_sam", ACCURACY,
+          source=PAPER + ", CIFAR-100 table"),
+    Claim("the Muon refiner beats a SAM-SGD refiner", "better", BASELINE, "abl_sgd_refiner",
+          ACCURACY, source=PAPER + ", arm_P_sgdtail"),
+    Claim("SAM improves on SGD", "better", "sgd_sam", "sgd", ACCURACY,
+          source="Foret et al. 2021"),
+    Claim("fewer gradient evaluations than full-time SAM+SGD", "better", BASELINE,
+          "sgd_sam", "cost/grad_evals_per_step", source=PAPER),
+    Claim("less wall-clock per run than full-time SAM+SGD", "better", BASELINE, "sgd_sam",
+          "cost/total_s", source=PAPER),
+    Claim("less wall-clock per run than full-time SAM+Muon", "better", BASELINE,
+          "sam_muon", "cost/total_s", source=PAPER),
+    Claim(f"reaches {TARGET:g} test accuracy sooner than full-time SAM+SGD", "better",
+          BASELINE, "sgd_sam", f"time_to/{TARGET:g}", source=PAPER),
+)
 
 
 def temperon() -> Sweep:
-  """SGD, full-time SAM (SGD / Muon), Temperon and its ablations, paired over seeds."""
-  base = TemperonConfig(num_steps=600, batch_size=64, train_examples=300, width=16,
-                        eval_every=20, log_every=10, checkpoint_every=0,
-                        progress_every_s=30.0, targets="0.95,0.97,0.98")
-  full_time = {"refiner": "none"}
-  arms = (
-      Arm("temperon", {}),  # SGD + restarts for 43%, then SAM-Muon, momentum transfer
-      Arm("sgd", {**full_time, "explorer": "sgd"}),
-      Arm("sgd_sam", {**full_time, "explorer": "sgd_sam"}),
-      Arm("sam_muon", {**full_time, "explorer": "muon_sam"}),
-      Arm("abl_sgd_refiner", {"refiner": "sgd_sam"}),
-      Arm("abl_single_cosine", {"explorer_schedule": "cosine"}),
-      Arm("abl_handoff_0.25", {"handoff_fraction": 0.25}),
-      Arm("abl_handoff_0.6", {"handoff_fraction": 0.6}),
-  )
+  """Temperon, SGD, full-time / late-phase / periodic SAM and the SGD-refiner ablation."""
+  base = TemperonConfig(num_steps=600, batch_size=64, train_examples=100, test_set="rest",
+                        width=16, eval_every=20, log_every=20, checkpoint_every=0,
+                        progress_every_s=60.0, targets="0.8,0.85,0.9")
   return Sweep(
-      name="temperon", module="experiments.temperon", base=base, arms=arms, seeds=SEEDS,
-      baseline=BASELINE,
-      metrics=("eval/accuracy", "eval/error", "eval/loss", "steps_to/0.95", "steps_to/0.97",
-               "time_to/0.95", "time_to/0.97", "reached/0.97", "reached/0.98",
-               "cost/grad_evals_per_step", "cost/total_s"),
-      higher_is_better=("eval/accuracy", "reached/0.97", "reached/0.98"),
-      curves=("eval/accuracy", "eval/loss", "train/loss"),
+      name="temperon", module="experiments.temperon", base=base, arms=ARMS, seeds=SEEDS,
+      calibration_seeds=CALIBRATION_SEEDS, baseline=BASELINE,
+      metrics=(ACCURACY, "eval/loss", "steps_to/0.85", "time_to/0.85", "reached/0.85",
+               "reached/0.9", "cost/grad_evals_per_step", "cost/total_s"),
+      higher_is_better=(ACCURACY, "reached/0.85", "reached/0.9"),
+      curves=(ACCURACY, "eval/loss", "train/loss"), claims=CLAIMS,
       description="Temperon (SGD explorer with warm restarts -> SAM-Muon refiner) vs "
-      "full-time SAM, on 300 digits images (test: 359). Differences are arm - temperon. "
-      "steps_to/time_to: first eval step (every 20) / calibrated seconds (steps x the "
-      "run's median s/step per phase) reaching the test accuracy; seeds that never "
-      "reach it are left out of those means (see reached/*).",
+      "full-time, late-phase and periodic SAM, trained on 100 digits images and tested on "
+      "the other 1697. Differences are arm - temperon. steps_to/time_to: first eval step "
+      "(every 20) / calibrated seconds (steps x the run's median s/step per step kind) "
+      "reaching the test accuracy; seeds that never reach it are left out of those means "
+      "(see reached/*).",
       appendix="experiments.temperon.appendix:cost_appendix",
       report_dir="experiments/temperon/report")

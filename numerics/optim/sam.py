@@ -13,11 +13,16 @@ the same batch and PRNG key (so both passes see the same data). The transform:
 ``rho`` may be a schedule of SAM's own step count (e.g. a ramp from 0). One ``update``
 is one outer step: schedules inside ``inner`` count outer steps, and there are exactly
 two gradient evaluations per step (the caller's and ``grad_fn``'s).
+
+``active`` (optional) is a predicate of the same count: on steps where it is false the
+step is ``inner.update(grads, ...)`` and ``grad_fn`` is not run (``lax.cond``; one
+gradient evaluation), which gives late-phase SAM (``count >= start``) and periodic SAM
+(a fixed share of the steps) in one compiled step.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,14 +44,18 @@ def perturbation(grads: Any, rho: jax.Array, eps: float = 1e-12) -> Any:
 
 
 def sam(inner: optax.GradientTransformation, rho: optax.ScalarOrSchedule = 0.05, *,
-        eps: float = 1e-12) -> optax.GradientTransformationExtraArgs:
+        eps: float = 1e-12, active: Callable[[jax.Array], Any] | None = None
+        ) -> optax.GradientTransformationExtraArgs:
   """Wraps ``inner`` in the two-pass SAM step; ``update`` requires ``params`` and
   ``grad_fn`` (see the module docstring). Extra keyword arguments other than
-  ``grad_fn`` are forwarded to ``inner``."""
+  ``grad_fn`` are forwarded to ``inner``. ``active(count) -> bool`` (default: always)
+  chooses the steps that take the second pass."""
   if not isinstance(inner, optax.GradientTransformation):
     raise TypeError(f"inner must be an optax GradientTransformation, got {type(inner)}")
   if isinstance(rho, (int, float)) and rho < 0:
     raise ValueError(f"rho must be >= 0, got {rho}")
+  if active is not None and not callable(active):
+    raise TypeError(f"active must be a callable of the step count, got {type(active)}")
   inner = optax.with_extra_args_support(inner)
 
   def init(params):
@@ -58,9 +67,17 @@ def sam(inner: optax.GradientTransformation, rho: optax.ScalarOrSchedule = 0.05,
     if grad_fn is None or not callable(grad_fn):
       raise ValueError("sam needs grad_fn=callable(params) -> grads for its second pass")
     rho_t = rho(state.count) if callable(rho) else rho
-    e = perturbation(updates, jnp.asarray(rho_t, jnp.float32), eps)
-    perturbed = jax.tree.map(lambda p, d: p + d.astype(p.dtype), params, e)
-    sam_grads = grad_fn(perturbed)
+
+    def second_pass():
+      e = perturbation(updates, jnp.asarray(rho_t, jnp.float32), eps)
+      perturbed = jax.tree.map(lambda p, d: p + d.astype(p.dtype), params, e)
+      return grad_fn(perturbed)
+
+    if active is None:
+      sam_grads = second_pass()
+    else:
+      sam_grads = jax.lax.cond(jnp.asarray(active(state.count), bool), second_pass,
+                               lambda: updates)
     new_updates, inner_state = inner.update(sam_grads, state.inner_state, params,
                                             **extra_args)
     return new_updates, SAMState(state.count + 1, inner_state)

@@ -16,14 +16,16 @@ from experiments.common.repo_paths import REPO_DIR
 from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
 from launch.report import build_report
 
-# experiments/<paper>/report of every sweep run under the evidence rules
-REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora", "stale_sampler")
+# experiments/<paper>/report[/<sub>] of every sweep run under the evidence rules
+REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora", "stale_sampler",
+           "temperon", "memoir/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
 @pytest.mark.parametrize("paper", REPORTS)
 def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
-  report = os.path.join(REPO_DIR, "experiments", paper, "report")
+  paper, _, sub = paper.partition("/")
+  report = os.path.join(REPO_DIR, "experiments", paper, "report", sub)
   copy = tmp_path / "report"
   shutil.copytree(report, copy, ignore=_SKIP)  # what a clean clone has (no plots)
   committed = open(os.path.join(report, "REPORT.md")).read()

@@ -66,7 +66,7 @@ def test_arms_match_in_parameters_and_forward_macs():
   assert macs["coupled"] == macs["read_only"]
   # XLA's own count of the compiled forward agrees that the arms do the same work.
   flops = {}
-  for mode in memoir.MODES:
+  for mode in ("coupled", "read_only"):
     model = memoir.Memoir(memoir.MemoirConfig(mode=mode, **SMALL))
     fwd = jax.jit(lambda p, b, model=model: model.apply({"params": p}, b["keys"],
                                                         b["values"], b["query"]))
@@ -75,6 +75,31 @@ def test_arms_match_in_parameters_and_forward_macs():
   assert flops["coupled"] >= 2 * 6 * macs["coupled"]  # batch 6, 2 flops per MAC
   # Same parameters, same inputs: the first write already changes what coupled reads.
   assert not np.allclose(out_c["logits"], out_r["logits"])
+
+
+def test_no_write_control_matches_live_parameters_and_writes_nothing():
+  """no_write: no write heads, a wider core with (nearly) the coupled arm's parameters."""
+  batch = _batch()
+  full = memoir.MemoirConfig(mode="coupled", **SMALL)
+  p_c, _ = _init_apply(full, batch)
+  control = memoir.MemoirConfig(**{**SMALL, "mode": "no_write",
+                                   "d_hidden": memoir.matched_hidden(full)})
+  p_n, out_n = _init_apply(control, batch)
+  assert not {"write_key", "write_value", "write_beta"} & set(p_n)
+  heads = sum(memoir.count_params(p_c[k]) for k in ("write_key", "write_value", "write_beta"))
+  assert heads == memoir.write_head_params(full)
+  per_unit = 2 * SMALL["d_latent"] + SMALL["d_mem"] + 1
+  assert abs(memoir.count_params(p_n) - memoir.count_params(p_c)) <= per_unit // 2
+  chex.assert_trees_all_close(out_n["drift"], jnp.zeros(6))
+  # declared MACs: the coupled forward less the writes, plus the wider core's
+  macs_c = memoir.forward_macs(full, SPEC.num_pairs)
+  macs_n = memoir.forward_macs(control, SPEC.num_pairs)
+  extra = control.d_hidden - full.d_hidden
+  write = 2 * 16 * 8 + 16 + 2 * 8 * 8
+  assert macs_n == macs_c + 3 * (extra * (16 + 8 + 16) - write)
+  # the default sizes: 4225 write-head parameters, 26 hidden units of 161
+  default = memoir.MemoirConfig()
+  assert memoir.write_head_params(default) == 4225 and memoir.matched_hidden(default) == 346
 
 
 def test_default_size_is_about_80k_parameters():

@@ -25,7 +25,7 @@ def test_smoke_writes_events_config_checkpoint_and_results(tmp_path):
   assert summary["completed"] and summary["step"] == 12
   scalars = read_scalars(str(wd))
   assert [s for s, _ in scalars["eval/recall"]] == [0, 6, 12]
-  assert [s for s, _ in scalars["train/energy_margin"]] == list(range(1, 13))
+  assert [s for s, _ in scalars["train/energy_margin"]] == [3, 6, 9, 12]  # log_every
   for tag in ("train/loss", "train/expected_depth", "eval/energy_margin", "train/memory_drift"):
     assert tag in scalars, tag
   meta = json.load(open(wd / "config.json"))
@@ -40,16 +40,27 @@ def test_smoke_writes_events_config_checkpoint_and_results(tmp_path):
 def test_sweep_declaration_matches_the_paper_protocol(tmp_path):
   short = registry.get("memoir")
   assert short.base.num_steps == 240 and len(short.seeds) == 12
-  assert [a.name for a in short.arms] == ["coupled", "read_only"]
+  assert [a.name for a in short.arms] == ["coupled", "read_only", "no_write"]
   assert short.metrics[0] == "eval/recall" and "train/energy_margin" in short.curves
+  assert short.claims and not set(short.seeds) & set(short.calibration_seeds)
   long = registry.get("memoir_long")
-  assert long.base.num_steps == 960 and long.seeds == tuple(range(8))
-  # The long budget is the short sweep at 960 steps on its first 8 seeds.
-  _, via_cli = prepare(short, str(tmp_path), ["num_steps=960"], list(range(8)))
+  assert long.base.num_steps == 960 and long.claims
+  # The long budget is the short sweep at 960 steps (evaluated every 80).
+  _, via_cli = prepare(short, str(tmp_path), ["num_steps=960", "eval_every=80"],
+                       list(long.seeds))
   _, direct = prepare(long, str(tmp_path), [])
   assert [r.run_name for r in via_cli] == [r.run_name for r in direct]
-  # Arms differ only in the mode: same data, optimizer, schedule and seeds.
+  # Arms differ only in the mode (and no_write's wider core): same data, optimizer,
+  # schedule and seeds.
   by_seed = {}
   for r in direct:
-    by_seed.setdefault(r.seed, []).append({k: v for k, v in r.config.items() if k != "mode"})
-  assert all(a == b for a, b in by_seed.values())
+    by_seed.setdefault(r.seed, []).append(
+        {k: v for k, v in r.config.items() if k not in ("mode", "d_hidden")})
+  assert all(a == b == c for a, b, c in by_seed.values())
+
+
+def test_no_write_arm_runs_and_writes_nothing(tmp_path):
+  config = dataclasses.replace(TINY, mode="no_write", num_steps=4, eval_every=2)
+  summary = memoir.train_and_evaluate(config, RunOptions(workdir=str(tmp_path / "nw")))
+  assert summary["completed"]
+  assert read_scalars(str(tmp_path / "nw"))["eval/memory_drift"][-1][1] == 0.0

@@ -43,6 +43,7 @@ def test_smoke_writes_events_results_and_resumes_exactly(tmp_path):
   assert row["steps_to/0.1"] in (4.0, 8.0, 12.0, 16.0)
   assert row["reached/1"] == 0.0 and row["steps_to/1"] is None  # never: NaN, null in JSON
   assert row["cost/phase1_s_per_step"] > 0 and row["cost/phase0_s_per_step"] > 0
+  assert [s for s, _ in scalars["train/loss"]] == list(range(2, 17, 2))  # every log_every
 
   # stop before the switch, resume across it: the same trajectory
   _run(tmp_path / "split", stop_at_step=6)
@@ -51,6 +52,25 @@ def test_smoke_writes_events_results_and_resumes_exactly(tmp_path):
   a = read_scalars(str(wd))["train/loss"]
   b = read_scalars(str(tmp_path / "split"))["train/loss"]
   assert dict(a) == pytest.approx(dict(b), rel=1e-6)
+
+
+def test_late_and_periodic_sam_runs_count_their_sam_steps(tmp_path):
+  for steps, evals in (("late", 16 + 8), ("periodic", 16 + 8)):
+    config = dataclasses.replace(TINY, explorer="muon_sam", refiner="none", sam_steps=steps)
+    row = _run(tmp_path / steps, config)
+    assert row["completed"]
+    metrics = read_results(str(tmp_path / steps / "results.jsonl"))[0]["metrics"]
+    assert metrics["cost/grad_evals_per_step"] == pytest.approx(evals / 16)
+
+
+def test_task_data_label_noise_and_test_set():
+  config = dataclasses.replace(TINY, train_examples=100, test_set="rest", label_noise=0.2)
+  train_x, train_y, test_x, test_y = temperon.task_data(config)
+  assert train_x.shape[0] == 100 and test_x.shape[0] == 1797 - 100
+  clean = temperon.task_data(dataclasses.replace(config, label_noise=0.0))
+  assert (train_y != clean[1]).sum() == 20  # exactly 20% relabelled, to another class
+  assert (temperon.task_data(dataclasses.replace(config, seed=1))[1] != train_y).any()
+  assert temperon.task_data(dataclasses.replace(TINY, train_examples=100))[2].shape[0] == 359
 
 
 def test_config_validation_and_grad_evals():
@@ -63,11 +83,24 @@ def test_config_validation_and_grad_evals():
   c = dataclasses.replace(TINY, explorer="sgd_sam", refiner="none")
   assert c.switch_step() == 16 and c.grad_evals(15) == 2
   assert TINY.grad_evals(7) == 1 and TINY.grad_evals(8) == 2
+  late = dataclasses.replace(c, sam_steps="late")
+  assert [late.grad_evals(s) for s in (7, 8)] == [1, 2]
+  periodic = dataclasses.replace(c, sam_steps="periodic", handoff_fraction=0.75)
+  assert [periodic.grad_evals(s) for s in range(8)] == [1, 1, 1, 2] * 2
+  with pytest.raises(ValueError, match="one-phase SAM"):
+    dataclasses.replace(TINY, sam_steps="late")
 
 
 def test_sweep_declares_arms_and_ablations():
   sweep = registry.get("temperon")
   names = {a.name for a in sweep.arms}
-  assert {"temperon", "sgd", "sgd_sam", "sam_muon", "abl_sgd_refiner", "abl_single_cosine",
-          "abl_handoff_0.25", "abl_handoff_0.6"} <= names
-  assert sweep.baseline == "temperon" and len(sweep.seeds) >= 3
+  assert {"temperon", "sgd", "sgd_sam", "sam_muon", "late_sam", "periodic_sam",
+          "abl_sgd_refiner"} <= names
+  assert sweep.baseline == "temperon" and len(sweep.seeds) >= 12
+  assert not set(sweep.seeds) & set(sweep.calibration_seeds) and sweep.claims
+  # late-phase and periodic SAM spend the handoff's SAM-step budget
+  budgets = {}
+  for arm in sweep.arms:
+    config = dataclasses.replace(sweep.base, **arm.overrides)
+    budgets[arm.name] = sum(config.grad_evals(s) - 1 for s in range(config.num_steps))
+  assert budgets["late_sam"] == budgets["periodic_sam"] == budgets["temperon"] == 342

@@ -105,6 +105,30 @@ def test_state_stable_jit_and_inject_hyperparams():
   assert float(state.hyperparams["rho"]) == pytest.approx(0.1)
 
 
+def test_active_chooses_the_steps_that_take_the_second_pass():
+  """Inactive steps are the inner step on the plain gradient; active ones are SAM's."""
+  sam_tx, plain = optim.sam(optax.sgd(0.1), 0.3), optax.sgd(0.1)
+  late = optim.sam(optax.sgd(0.1), 0.3, active=lambda c: c >= 2)
+  params, late_params = PARAMS, PARAMS
+  late_state, plain_state, sam_state = late.init(PARAMS), plain.init(PARAMS), \
+      sam_tx.init(PARAMS)
+  for i in range(4):
+    g = jax.grad(loss)(params)
+    if i < 2:
+      u, plain_state = plain.update(g, plain_state, params)
+    else:
+      u, sam_state = sam_tx.update(g, sam_state, params, grad_fn=jax.grad(loss))
+    params = optax.apply_updates(params, u)
+  late_params, late_state = _run(late, steps=4)
+  chex.assert_trees_all_close(late_params, params, rtol=1e-6)
+  assert int(late_state.count) == 4
+  never, _ = _run(optim.sam(optax.sgd(0.1), 0.3, active=lambda c: False), steps=3)
+  chex.assert_trees_all_close(never, _run(optim.sam(optax.sgd(0.1), 0.0), steps=3)[0],
+                              rtol=1e-6)
+  with pytest.raises(TypeError, match="active"):
+    optim.sam(optax.sgd(0.1), 0.1, active=True)
+
+
 def test_errors():
   tx = optim.sam(optax.sgd(0.1), 0.05)
   g = jax.grad(loss)(PARAMS)
