@@ -18,7 +18,7 @@ from launch.report import build_report
 
 # experiments/<paper>/report[/<sub>] of every sweep run under the evidence rules
 REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora", "stale_sampler",
-           "temperon", "memoir/long")
+           "mxfp8_rl", "temperon", "memoir/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
