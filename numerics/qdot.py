@@ -252,10 +252,7 @@ def _qmatmul_bwd(recipe, res, cotangents):
   dw = _compensate(_mm(ops[0][0], ops[1][0], _WGRAD_MM, recipe.compute_dtype,
                        recipe.wgrad.accumulation), recipe.wgrad.lhs, recipe.wgrad.rhs)
   if recipe.dge_k is not None:
-    w_op = recipe.forward.rhs
-    w_in_grid = w.astype(jnp.float32) * np.float32(w_op.prescale)
-    dw = dw * dge.surrogate_derivative(w_in_grid, w_op.spec(*_W_FWD), recipe.dge_k,
-                                       recipe.dge_clamp)
+    dw = dw * _dge_factor(recipe, w)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
   return dx.astype(x.dtype), dw.astype(w.dtype), None, _next_state(recipe, state, amaxes,
                                                                    tel)
@@ -460,6 +457,28 @@ def make_dot_general(recipe: str | recipes_lib.Recipe, *,
                                  preferred_element_type=preferred_element_type)
 
   return dot_general
+
+
+def _dge_factor(recipe: recipes_lib.Recipe, w: jax.Array) -> jax.Array:
+  w_op = recipe.forward.rhs
+  w_in_grid = w.astype(jnp.float32) * np.float32(w_op.prescale)
+  return dge.surrogate_derivative(w_in_grid, w_op.spec(*_W_FWD), recipe.dge_k,
+                                  recipe.dge_clamp)
+
+
+def dge_factor(recipe: str | recipes_lib.Recipe, w: jax.Array) -> jax.Array:
+  """``f'(w)`` (float32, ``w``'s shape ``[..., K, N]``): the factor a DGE recipe's
+  backward multiplies the weight gradient by (:mod:`numerics.dge`, on the forward
+  weight quantizer's grid, after any static-clipping prescale). For monitoring what
+  DGE does to the gradients; the backward uses this same function. No gradient
+  (a statistic of the weights)."""
+  r = recipes_lib.get(recipe)
+  if r.dge_k is None:
+    raise ValueError(f"recipe {r.name!r} has no DGE (see numerics.recipes.with_dge)")
+  w = jnp.asarray(w)
+  if w.ndim < 2:
+    raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
+  return jax.lax.stop_gradient(_dge_factor(r, w))
 
 
 def forward_weight_quantizer(recipe: str | recipes_lib.Recipe

@@ -1,8 +1,10 @@
 """The ALTO sweep's report appendix, computed from the runs' events.
 
 * the convergence overhead as ALTO defines it: per seed, the steps an arm needs to
-  reach that seed's bf16 final validation loss, over the steps bf16 needed, minus 1;
-  with validation loss at 50/75/100% of training;
+  reach that seed's bf16 final validation loss, over the steps bf16 needed, minus 1
+  (and at bf16's loss at 75% of training, which every arm reaches), paired by seed
+  with 95% t-intervals; with validation loss at 50/75/100% of training;
+* the DGE factor's statistics by quarter of training (the DGE arms);
 * the validation loss over the second half of training (where the arms separate);
 * ALTO's operator-level SNR table (Linear and grouped GEMM), from
   :mod:`numerics.operator_snr`.
@@ -15,13 +17,22 @@ import os
 
 from experiments.common.curve_plots import plot_curves
 from experiments.common.curves import steps_to_target, value_at
-from experiments.common.stats import format_spread
+from experiments.common.stats import format_spread, mean_interval
 from experiments.common.sweep_data import read_manifest, read_sweep_info, run_dir
 from experiments.common.tensorboard_reader import read_scalars
 
 
-def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
-  """Markdown: per arm, final/50%/75% validation loss, gap to bf16 and the overhead."""
+def _interval(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+  """``mean [95% t-interval]`` of ``values`` x ``scale`` ("n/a" for none)."""
+  if not values:
+    return "n/a"
+  iv = mean_interval([v * scale for v in values])
+  if iv.n < 2:
+    return f"{iv.mean:+.{digits}f} (n = 1)"
+  return f"{iv.mean:+.{digits}f} [{iv.ci_low:+.{digits}f}, {iv.ci_high:+.{digits}f}]"
+
+
+def _completed_curves(sweep_dir: str, tag: str) -> dict[str, dict[int, list]]:
   info = read_sweep_info(sweep_dir)
   num_steps = int(info["base"]["num_steps"])
   curves: dict[str, dict[int, list]] = collections.defaultdict(dict)
@@ -31,28 +42,45 @@ def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
       curve = read_scalars(directory).get(tag, [])
       if curve and curve[-1][0] >= num_steps:  # completed runs only
         curves[m["arm"]][m["seed"]] = curve
+  return curves
+
+
+def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
+  """Markdown: per arm, validation loss at 50/75/100%, the gap to bf16 and ALTO's
+  convergence overhead, each paired by seed with a 95% t-interval over seeds."""
+  info = read_sweep_info(sweep_dir)
+  num_steps = int(info["base"]["num_steps"])
+  curves = _completed_curves(sweep_dir, tag)
   base = curves.get(info["baseline"], {})
+  three_quarters = 3 * num_steps // 4
   lines = ["", "## Convergence overhead and late-training losses", "",
-           f"`{tag}` (mean ± sample std over seeds). *gap*: arm − bf16, paired by seed. "
-           "*overhead*: per seed, steps to reach that seed's bf16 final validation loss "
-           "(linear interpolation between evaluations every "
-           f"{info['base'].get('eval_every')} steps) over the steps bf16 took to first "
-           "reach it, minus 1; *reached* counts the seeds that got there within "
-           f"{num_steps} steps (the overhead averages those only). *bf16-equivalent "
-           "overhead*: when an arm does not reach bf16's final loss in the run, "
-           f"{num_steps} / (steps bf16 took to reach the arm's final loss) − 1, per seed: "
-           "how much sooner bf16 got to where the arm ended (a lower bound on the "
-           "overhead, since bf16's schedule had not finished decaying at that step).", "",
-           f"| arm | n | loss @ {num_steps // 2} | loss @ {3 * num_steps // 4} | "
-           f"final loss | gap to bf16 | overhead % | reached | bf16-equivalent overhead % |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           f"`{tag}` at 50%, 75% and 100% of training: mean ± sample std over seeds. "
+           "Every other column is paired by seed against bf16 and given as mean [95% "
+           "t-interval over seeds]. Steps to a target are interpolated linearly between "
+           f"evaluations (every {info['base'].get('eval_every')} steps).", "",
+           "- *gap*: the arm's final loss minus bf16's.",
+           "- *overhead to bf16's final loss* (ALTO's definition): the steps the arm "
+           "takes to reach that seed's bf16 final loss, over the steps bf16 took to "
+           "first reach it, minus 1. It averages only the seeds that reach it within "
+           f"{num_steps} steps; *reached* counts them.",
+           "- *overhead, all seeds*: the same, except that a seed which never reaches "
+           f"the target counts as {num_steps} / (steps bf16 took to reach the arm's "
+           "final loss) − 1. That value is a lower bound, because bf16's schedule had "
+           "not finished decaying at that step.",
+           f"- *overhead at 75%*: the same ratio for the target bf16 reached at step "
+           f"{three_quarters} (its loss there). Every arm reaches it, so no seed is "
+           "censored.", "",
+           f"| arm | n | loss @ {num_steps // 2} | loss @ {three_quarters} | final loss | "
+           "gap to bf16 | overhead to bf16's final loss, % | reached | overhead, all "
+           "seeds, % | overhead at 75%, % |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for arm in [a["name"] for a in info["arms"]]:
     runs = curves.get(arm, {})
     if not runs:
-      lines.append(f"| `{arm}` | 0 | | | | | | | |")
+      lines.append(f"| `{arm}` | 0 | | | | | | | | |")
       continue
     finals = {s: c[-1][1] for s, c in runs.items()}
-    gaps, overheads, equivalent, reached = [], [], [], 0
+    gaps, reached_only, all_seeds, mid = [], [], [], []
     for seed, curve in runs.items():
       if seed not in base:
         continue
@@ -61,19 +89,61 @@ def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
       ref_steps = steps_to_target(base[seed], target)
       steps = steps_to_target(curve, target)
       if steps is not None and ref_steps:
-        reached += 1
-        overheads.append(steps / ref_steps - 1.0)
+        reached_only.append(steps / ref_steps - 1.0)
+        all_seeds.append(steps / ref_steps - 1.0)
       else:
         bf16_steps = steps_to_target(base[seed], finals[seed])
         if bf16_steps:
-          equivalent.append(num_steps / bf16_steps - 1.0)
+          all_seeds.append(num_steps / bf16_steps - 1.0)
+      mid_target = value_at(base[seed], three_quarters)
+      mid_ref, mid_steps = (steps_to_target(base[seed], mid_target),
+                            steps_to_target(curve, mid_target))
+      if mid_ref and mid_steps is not None:
+        mid.append(mid_steps / mid_ref - 1.0)
     half = [value_at(c, num_steps // 2) for c in runs.values()]
-    three_q = [value_at(c, 3 * num_steps // 4) for c in runs.values()]
+    three_q = [value_at(c, three_quarters) for c in runs.values()]
     lines.append(
         f"| `{arm}` | {len(runs)} | {format_spread(half)} | {format_spread(three_q)} | "
-        f"{format_spread(list(finals.values()))} | {format_spread(gaps)} | "
-        f"{format_spread(overheads, 1, 100.0)} | {reached}/{len(gaps)} | "
-        f"{format_spread(equivalent, 1, 100.0)} |")
+        f"{format_spread(list(finals.values()))} | {_interval(gaps, digits=4)} | "
+        f"{_interval(reached_only, 100.0)} | {len(reached_only)}/{len(gaps)} | "
+        f"{_interval(all_seeds, 100.0)} | {_interval(mid, 100.0)} |")
+  return "\n".join(lines) + "\n"
+
+
+DGE_TAGS = ("train/dge/factor_mean", "train/dge/clamped_fraction",
+            "train/dge/above_one_fraction", "train/dge/gradient_gain")
+
+
+def dge_table(sweep_dir: str) -> str:
+  """Markdown: the DGE factor's statistics by quarter of training (DGE arms only)."""
+  info = read_sweep_info(sweep_dir)
+  num_steps = int(info["base"]["num_steps"])
+  rows = collections.defaultdict(lambda: collections.defaultdict(list))
+  for m in read_manifest(sweep_dir):
+    directory = run_dir(sweep_dir, m["run_name"])
+    if not os.path.isdir(directory):
+      continue
+    scalars = read_scalars(directory)
+    for tag in DGE_TAGS:
+      for step, value in scalars.get(tag, []):
+        quarter = min(3, 4 * (step - 1) // num_steps)
+        rows[(m["arm"], quarter)][tag].append(value)
+  if not rows:
+    return ""
+  lines = ["", "## What DGE does to the weight gradients", "",
+           "Logged at every `log_every` step by `numerics.optim.dge_statistics` over the "
+           "quantized weights (their f'(w), the factor the backward multiplied dW by): "
+           "the mean factor, the fraction at the clamp (3), the fraction above 1, and "
+           "the gradient gain ||dW_DGE|| / ||dW_STE||. Each is the mean over the logged "
+           "steps of the quarter and over seeds. A gain below 1 means DGE shrank the "
+           "step's weight gradient. Under Adam a constant rescaling of a gradient "
+           "element cancels out, so whatever DGE changes, it is not the step size alone.",
+           "", "| arm | quarter | mean f' | at clamp | f' > 1 | gradient gain |",
+           "|---|---|---|---|---|---|"]
+  for (arm, quarter), values in sorted(rows.items()):
+    cells = " | ".join(f"{sum(values[t]) / len(values[t]):.3f}" if values[t] else ""
+                       for t in DGE_TAGS)
+    lines.append(f"| `{arm}` | {quarter + 1} | {cells} |")
   return "\n".join(lines) + "\n"
 
 
@@ -128,6 +198,7 @@ def late_training_plot(sweep_dir: str, tag: str = "eval/loss") -> str:
 
 
 def alto_appendix(sweep_dir: str) -> str:
-  """The report appendix: :func:`convergence_table`, :func:`late_training_plot` and
-  :func:`snr_table`."""
-  return convergence_table(sweep_dir) + late_training_plot(sweep_dir) + snr_table()
+  """The report appendix: :func:`convergence_table`, :func:`dge_table`,
+  :func:`late_training_plot` and :func:`snr_table`."""
+  return (convergence_table(sweep_dir) + dge_table(sweep_dir) + late_training_plot(sweep_dir)
+          + snr_table())

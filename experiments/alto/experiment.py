@@ -20,6 +20,7 @@ and resume are :func:`experiments.lm.train_and_evaluate`'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -34,6 +35,7 @@ from numerics import qdot
 from numerics import tree_paths
 from numerics import recipes as recipes_lib
 from numerics.optim.deoscillation import DeoscillationState, deoscillate
+from numerics.optim.dge_statistics import DGEStatisticsState, dge_statistics
 
 EXPERIMENT = "alto"
 RECIPE_OPTIONS = ("dge", "static_clip", "dynamic_clip", "macro_block")
@@ -128,21 +130,32 @@ class AltoConfig(lm.LMConfig):
     return self.build_recipe()
 
   def optimizer(self) -> optax.GradientTransformation:
-    base = lm.make_optimizer(self)
-    if not self.deoscillation:
-      return base
-    deosc = deoscillate(qdot.forward_weight_quantizer(self.build_recipe()),
-                        period=self.deosc_period, ratio=self.deosc_ratio,
-                        start_step=self.deosc_start)
-    return optax.chain(base, optax.masked(deosc, quantized_weight_mask))
+    """AdamW, preceded by the DGE statistics (a dge run: they read the gradients as
+    the backward produced them) and followed by de-oscillation (when on)."""
+    parts = [lm.make_optimizer(self)]
+    recipe = self.build_recipe()
+    if recipe.dge_k is not None:
+      stats = dge_statistics(functools.partial(qdot.dge_factor, recipe), recipe.dge_clamp)
+      parts.insert(0, optax.masked(stats, quantized_weight_mask))
+    if self.deoscillation:
+      deosc = deoscillate(qdot.forward_weight_quantizer(recipe), period=self.deosc_period,
+                          ratio=self.deosc_ratio, start_step=self.deosc_start)
+      parts.append(optax.masked(deosc, quantized_weight_mask))
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)
 
   def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
-    if not self.deoscillation:
-      return {}
-    states = [s for s in jax.tree.leaves(
-        opt_state, is_leaf=lambda x: isinstance(x, DeoscillationState))
-              if isinstance(s, DeoscillationState)]
-    return {"deosc/snapped": states[0].snapped}
+    """``deosc/snapped`` (de-oscillation) and ``dge/<statistic>`` (a dge recipe:
+    :mod:`numerics.optim.dge_statistics`), per step."""
+    kinds = (DeoscillationState, DGEStatisticsState)
+    states = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, kinds))
+              if isinstance(s, kinds)]
+    metrics = {}
+    for s in states:
+      if isinstance(s, DeoscillationState):
+        metrics["deosc/snapped"] = s.snapped
+      else:
+        metrics.update({f"dge/{k}": v for k, v in s._asdict().items()})
+    return metrics
 
 
 def quantized_weight_mask(params: Any) -> Any:

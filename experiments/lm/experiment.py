@@ -277,6 +277,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                             histogram_every=config.histogram_every,
                             progress_every_s=config.progress_every_s,
                             stop_at_step=options.stop_at_step,
+                            every_step_scalars=False,  # log_every means what it says
                             # 3x a uniform predictor's loss: a blow-up, not noise
                             max_healthy_loss=3 * math.log(splits.vocab.size))
     t0 = time.time()

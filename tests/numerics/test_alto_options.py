@@ -116,3 +116,27 @@ def test_option_validation():
     R.replace(R.with_macro_blocks("mxfp4"), compute_dtype="bf16")
   with pytest.raises(ValueError, match="DGE"):
     R.with_dge("nvfp4")
+
+
+def test_dge_factor_is_what_the_backward_applies():
+  # Static clipping prescales the weight, so the factor must be taken on the prescaled
+  # weight's grid: compare against the plain (no-DGE) backward times the factor.
+  x = jax.random.normal(jax.random.key(8), (64, 64))
+  w = jax.random.normal(jax.random.key(9), (64, 64))
+  dn = (((1,), (0,)), ((), ()))
+  clipped = R.with_static_clipping("mxfp4")
+  grad = lambda r: jax.grad(lambda w: jnp.sum(qdot.quantized_dot_general(
+      x, w, dn, r, key=jax.random.key(7), preferred_element_type=jnp.float32)))(w)
+  with_dge = R.with_dge(clipped)
+  chex.assert_trees_all_close(grad(with_dge), grad(clipped) * qdot.dge_factor(with_dge, w),
+                              rtol=1e-6)
+  wspec = R.get("mxfp4").forward.rhs.spec(-2, -1)
+  np.testing.assert_array_equal(qdot.dge_factor(R.with_dge("mxfp4"), w),
+                                dge.surrogate_derivative(w, wspec))
+
+
+def test_dge_factor_validation():
+  with pytest.raises(ValueError, match="no DGE"):
+    qdot.dge_factor("mxfp4", jnp.ones((32, 32)))
+  with pytest.raises(ValueError, match="K, N"):
+    qdot.dge_factor(R.with_dge("mxfp4"), jnp.ones(32))

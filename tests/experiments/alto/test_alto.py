@@ -118,13 +118,39 @@ def test_convergence_table_from_planted_curves(tmp_path):
   table = appendix.convergence_table(str(tmp_path))
   rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]]
           for l in table.splitlines() if l.startswith("| `")}
-  assert rows["`bf16`"][0] == "2" and rows["`bf16`"][4].startswith("0.0000")
-  assert rows["`bf16`"][5].startswith("0.0 ± 0.0") and rows["`bf16`"][6] == "2/2"
+  # columns: n, loss @ 50%, @ 75%, final, gap, overhead (reached), reached, overhead
+  # (all seeds), overhead at 75%
+  assert rows["`bf16`"][0] == "2" and rows["`bf16`"][4] == "+0.0000 [+0.0000, +0.0000]"
+  assert rows["`bf16`"][5] == "+0.0 [+0.0, +0.0]" and rows["`bf16`"][6] == "2/2"
   # final gap: 1 - 0.8 = 0.2 for both seeds; never reaches the target.
-  assert rows["`mxfp4_rht_sr`"][4] == "0.2000 ± 0.0000"
+  assert rows["`mxfp4_rht_sr`"][4] == "+0.2000 [+0.2000, +0.2000]"
   assert rows["`mxfp4_rht_sr`"][5] == "n/a" and rows["`mxfp4_rht_sr`"][6] == "0/2"
   # bf16 reaches mxfp4's final loss (its own final + 0.2) at step 0.8 n: 1 / 0.8 - 1.
-  assert rows["`mxfp4_rht_sr`"][7] == "25.0 ± 0.0"
-  assert rows["`bf16`"][7] == "n/a"
+  assert rows["`mxfp4_rht_sr`"][7] == "+25.0 [+25.0, +25.0]"
+  assert rows["`bf16`"][7] == "+0.0 [+0.0, +0.0]"
+  # bf16's loss at 0.75 n is reached by mxfp4 at 0.75 n / 0.8: again +25%.
+  assert rows["`mxfp4_rht_sr`"][8] == "+25.0 [+25.0, +25.0]"
   assert rows["`nvfp4_rht_sr`"][0] == "0"
   assert os.path.exists(tmp_path / "sweep.json")
+
+
+def test_dge_table_from_planted_statistics(tmp_path):
+  sweep = dataclasses.replace(registry.get("alto"), seeds=(0, 1))
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  n = sweep.base.num_steps
+  for r in runs:
+    if r.arm != "mxfp4_rht_sr_dge":
+      continue
+    writer = MetricWriter(r.workdir)
+    for s in (1, n // 4, n // 4 + 1, n):  # quarters 1, 1, 2, 4
+      writer.write_scalars(s, {"train/dge/factor_mean": float(s), "train/dge/gradient_gain":
+                               0.5 + r.seed, "train/dge/clamped_fraction": 0.1,
+                               "train/dge/above_one_fraction": 0.2})
+    writer.close()
+  rows = [l for l in appendix.dge_table(str(tmp_path)).splitlines() if l.startswith("| `")]
+  q = n // 4
+  assert rows == [
+      f"| `mxfp4_rht_sr_dge` | 1 | {(1 + q) / 2:.3f} | 0.100 | 0.200 | 1.000 |",
+      f"| `mxfp4_rht_sr_dge` | 2 | {q + 1:.3f} | 0.100 | 0.200 | 1.000 |",
+      f"| `mxfp4_rht_sr_dge` | 4 | {n:.3f} | 0.100 | 0.200 | 1.000 |"]
