@@ -12,6 +12,10 @@ factor over the weights it sees:
   where ``g`` is the incoming gradient (already multiplied by ``f'``): the factor by
   which DGE scaled this step's gradient norm relative to the straight-through one.
 
+The factor is computed on the parameters the optimizer holds (float32 masters); a
+model that casts weights to bf16 before its GEMMs gets the factor of the cast weight,
+which can differ for elements within a bf16 ulp of a bin centre or edge.
+
 Chain it *first* (it must see the gradients as the backward produced them), masked to
 the quantized weights: ``optax.chain(optax.masked(dge_statistics(f), mask), adamw)``.
 """
