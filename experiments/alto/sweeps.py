@@ -52,7 +52,8 @@ nats, stated before the runs: ALTO's two GBS differ by 0.002 and 0.04.
 
 The appendix (:mod:`experiments.alto.appendix`) gives:
 - ALTO's convergence overhead with paired 95% intervals: the steps to bf16's final
-  loss, and the steps to bf16's loss at 75% of training, which every arm reaches;
+  loss, and the steps to bf16's loss at 75% of training (written before the runs as
+  "which every arm reaches": no FP4 seed did);
 - the DGE factor's statistics by quarter of training;
 - validation loss in late training;
 - the operator-level SNR table.

@@ -17,8 +17,8 @@ from experiments.common.tensorboard_reader import read_hparams_session, read_sca
 from launch.report import build_report
 
 # experiments/<paper>/report[/<sub>] of every sweep run under the evidence rules
-REPORTS = ("lm", "looped_rl", "kv_cache", "optimizer_state", "qlora", "stale_sampler",
-           "mxfp8_rl", "temperon", "memoir/long")
+REPORTS = ("lm", "alto", "looped_rl", "kv_cache", "optimizer_state", "qlora",
+           "stale_sampler", "mxfp8_rl", "temperon", "memoir/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
