@@ -373,14 +373,30 @@ def clean_checks_table(sweep_dir: str) -> str:
            "seeds (a check that fired on a clean run is a false alarm); then the "
            "largest probe k3, max |Δlogp| and padding logit change over every sync: "
            "compare them with the calibrated gates of the `mxfp8_rl_faults` report "
-           "(chosen on other seeds).", "",
+           "(chosen on other seeds). *Over the library's gates now*: syncs whose probe "
+           "k3 / max |Δlogp| / padding change exceeds the library's default gate when "
+           "this report was built (`MXFP8RLConfig`'s cross-recipe tolerances and "
+           "`padding_atol`, the exact same-recipe entries of `PARITY_TOLERANCES`): the "
+           "false alarms these clean runs would raise today.", "",
            "| arm | syncs | fired | max probe k3 | max probe max abs Δlogp | "
-           "max padding change |", "|---|---|---|---|---|---|"]
+           "max padding change | over the library's gates now (k3 / Δlogp / padding) |",
+           "|---|---|---|---|---|---|---|"]
+  from experiments.mxfp8_rl.experiment import MXFP8RLConfig  # pylint: disable=import-outside-toplevel
+  config = MXFP8RLConfig()
+  exact = parity_tolerances.PARITY_TOLERANCES[("mxfp8", "mxfp8")]
   for arm in [a["name"] for a in info["arms"]]:
     seeds = runs.get(arm, {})
     if not seeds:
-      lines.append(f"| `{arm}` | | | | | |")
+      lines.append(f"| `{arm}` | | | | | | |")
       continue
+    learner, sampler = _recipes(info, arm)
+    same = learner == sampler
+    gates = {"parity_k3": exact.k3 if same else config.cross_k3_tolerance,
+             "parity_max_abs_delta_logp": (exact.max_abs_delta_logp if same
+                                           else config.cross_max_dlogp_tolerance),
+             "padding_max_abs_diff": config.padding_atol}
+    over = [sum(v > gates[stat] for s in seeds.values() for _, v in _stat(s, stat))
+            for stat in gates]
     syncs = sum(len(s.get("sync/fired/coverage", [])) for s in seeds.values())
     fired = {c: sum(len(_fired(s, c)) for s in seeds.values()) for c in CHECKS}
     peak = lambda stat: max((v for s in seeds.values() for _, v in _stat(s, stat)),
@@ -389,7 +405,8 @@ def clean_checks_table(sweep_dir: str) -> str:
                  + (", ".join(f"{c} {k}" for c, k in fired.items() if k) or "none")
                  + f" | {_fmt(peak('parity_k3'))} | "
                  f"{_fmt(peak('parity_max_abs_delta_logp'))} | "
-                 f"{_fmt(peak('padding_max_abs_diff'))} |")
+                 f"{_fmt(peak('padding_max_abs_diff'))} | "
+                 f"{' / '.join(str(n) for n in over)} |")
   return "\n".join(lines) + "\n"
 
 

@@ -171,6 +171,11 @@ def test_mxfp8_rl_table_on_planted_runs(tmp_path):
   checks = _rows(md.split("## The sync checks")[1])
   assert checks["`L-bf16_S-mxfp8`"][:2] == ["8", "parity 2"]
   assert checks["`L-mxfp8_S-mxfp8`"][1] == "none"
+  # Against the library's gates now: the matched pair's max |dlogp| of 0.1 at each of
+  # its 8 syncs is over the exact same-recipe gate; the crossed pair's values are under
+  # any cross-recipe gate.
+  assert checks["`L-mxfp8_S-mxfp8`"][5] == "0 / 8 / 0"
+  assert checks["`L-bf16_S-mxfp8`"][5] == "0 / 0 / 0"
 
 
 @pytest.mark.parametrize("name", ["mxfp8_rl", "mxfp8_rl_faults"])
