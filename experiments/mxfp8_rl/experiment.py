@@ -94,19 +94,23 @@ class MXFP8RLConfig(rl_config.RLConfig):
       "list is the fused-name failure the layer-plan check catches.")
   probe_problems: int = config_field(16, "Problems in the fixed parity probe batch.",
                                      domain="[1, inf)")
+  # The three gates below: the declared rule of the mxfp8_rl_faults sweep (2 x the
+  # largest clean value, rounded up to one significant digit) applied to the clean
+  # syncs of both committed sweeps (mxfp8_rl_faults: 64 updates, seeds 11-14;
+  # mxfp8_rl: 128 updates, seeds 1-4). From the faults sweep alone the rule gave 0.1 /
+  # 4 / 0.07, which the longer mxfp8_rl runs exceeded at 5, 15 and 2 clean syncs (see
+  # experiments/mxfp8_rl/report_faults/FINDINGS.md).
   padding_atol: float = config_field(
-      0.1, "Padding check: largest change of a real position's logit when the probe "
+      0.7, "Padding check: largest change of a real position's logit when the probe "
       "is padded to the MX block. Not 0: XLA:CPU compiles the longer sequence into "
-      "GEMMs with another accumulation order, and bf16 and mxfp8 samplers moved "
-      "logits by up to 0.0125 that way (measured in the mxfp8_rl sweep); a scale over "
-      "pad tokens moves them by far more.", domain="[0, inf)")
+      "GEMMs with another accumulation order; clean runs moved a logit by up to 0.31.",
+      domain="[0, inf)")
   cross_k3_tolerance: float = config_field(
-      0.5, "Parity check: largest probe k3 between different recipes (10x NeMo-RL's "
-      "MXFP8 gate of 0.05, which the bf16-learner / mxfp8-sampler pair crossed here).",
-                                           domain="(0, inf)")
+      0.5, "Parity check: largest probe k3 between different recipes (clean runs of a "
+      "trained model reached 0.24).", domain="(0, inf)")
   cross_max_dlogp_tolerance: float = config_field(
-      5.0, "Parity check: largest probe max |delta logp| between different recipes.",
-                                                  domain="(0, inf)")
+      20.0, "Parity check: largest probe max |delta logp| between different recipes "
+      "(clean runs reached 6.3).", domain="(0, inf)")
 
   sync_checks: str = config_field(
       "raise", "raise: the first failing sync check stops the run; record: every check "

@@ -16,16 +16,17 @@ from experiments.common.repo_paths import REPO_DIR
 from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
 from launch.report import build_report
 
-# experiments/<paper>/report[/<sub>] of every sweep run under the evidence rules
-REPORTS = ("lm", "alto", "looped_rl", "kv_cache", "optimizer_state", "qlora",
-           "stale_sampler", "mxfp8_rl", "temperon", "memoir/long")
+# experiments/<these> : every sweep report built under the evidence rules
+REPORTS = ("lm/report", "alto/report", "looped_rl/report", "kv_cache/report",
+           "optimizer_state/report", "qlora/report", "stale_sampler/report",
+           "mxfp8_rl/report", "mxfp8_rl/report_faults", "temperon/report",
+           "memoir/report/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
 @pytest.mark.parametrize("paper", REPORTS)
 def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
-  paper, _, sub = paper.partition("/")
-  report = os.path.join(REPO_DIR, "experiments", paper, "report", sub)
+  report = os.path.join(REPO_DIR, "experiments", *paper.split("/"))
   copy = tmp_path / "report"
   shutil.copytree(report, copy, ignore=_SKIP)  # what a clean clone has (no plots)
   committed = open(os.path.join(report, "REPORT.md")).read()

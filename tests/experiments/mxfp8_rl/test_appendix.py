@@ -127,12 +127,12 @@ def test_faults_appendix_on_planted_runs(tmp_path):
   same = gates[("`parity_k3`", "same")]
   assert same[7] == "1e-10"  # all clean values 0: the exact gate stays
   defaults = {row[0]: row[1:] for row in _table(md, "Calibrated defaults")}
+  # The planted sweep's config is the library's defaults: "these runs" = "library now".
   now = mxfp8_rl.MXFP8RLConfig()
-  assert defaults["`MXFP8RLConfig.cross_k3_tolerance`"] == [
-      "0.5", "0.003", f"{now.cross_k3_tolerance:.3g}"]
-  assert defaults["`MXFP8RLConfig.padding_atol`"] == ["0.1", "0.002",
-                                                      f"{now.padding_atol:.3g}"]
-  assert defaults["`PARITY_TOLERANCES` MXFP8 cross-recipe `k3`"][:2] == ["0.5", "0.003"]
+  k3_now, pad_now = f"{now.cross_k3_tolerance:.3g}", f"{now.padding_atol:.3g}"
+  assert defaults["`MXFP8RLConfig.cross_k3_tolerance`"] == [k3_now, "0.003", k3_now]
+  assert defaults["`MXFP8RLConfig.padding_atol`"] == [pad_now, "0.002", pad_now]
+  assert defaults["`PARITY_TOLERANCES` MXFP8 cross-recipe `k3`"][:2] == [k3_now, "0.003"]
 
 
 def test_mxfp8_rl_table_on_planted_runs(tmp_path):
