@@ -97,17 +97,22 @@ def evaluation_metrics(sweep_dir: str
   return info, runs
 
 
-def completed_curves(sweep_dir: str, *, complete_tag: str, complete_len: int
+def completed_curves(sweep_dir: str, *, complete_tag: str, complete_len: int = 0,
+                     complete_step: int | None = None
                      ) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, Curve]]]]:
-  """Sweep info and ``arm -> seed -> tag -> [(step, value)]`` of the runs that logged
-  ``complete_tag`` at least ``complete_len`` times (the completed ones)."""
+  """Sweep info and ``arm -> seed -> tag -> [(step, value)]`` of the completed runs:
+  those that logged ``complete_tag`` at least ``complete_len`` times and, with
+  ``complete_step``, at that step or later (a rule that still holds after
+  :mod:`launch.thin_events` drops steps)."""
   info = read_sweep_info(sweep_dir)
   runs: dict[str, dict[int, dict[str, Curve]]] = collections.defaultdict(dict)
   for m in read_manifest(sweep_dir):
     directory = run_dir(sweep_dir, m["run_name"])
     if os.path.isdir(directory):
       scalars = read_scalars(directory)
-      if len(scalars.get(complete_tag, [])) >= complete_len:
+      curve = scalars.get(complete_tag, [])
+      if len(curve) >= complete_len and (complete_step is None
+                                         or (curve and curve[-1][0] >= complete_step)):
         runs[m["arm"]][m["seed"]] = scalars
   return info, runs
 

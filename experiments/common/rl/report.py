@@ -11,12 +11,11 @@ from experiments.common.sweep_data import completed_curves, read_sweep_info
 def completed_runs(sweep_dir: str
                    ) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, list]]]]:
   """Sweep info and ``arm -> seed -> tag -> [(update, value)]`` of the completed runs
-  (those that logged ``train/reward`` at every logged update: each ``log_every``-th
-  and the last) of a sweep over the RL loop."""
+  of a sweep over the RL loop: those that logged ``train/reward`` at the last update
+  (events thinned by :mod:`launch.thin_events` keep it)."""
   info = read_sweep_info(sweep_dir)
-  every = int(info["base"].get("log_every", 1))
   return completed_curves(sweep_dir, complete_tag="train/reward",
-                          complete_len=-(-int(info["base"]["num_updates"]) // every))
+                          complete_step=int(info["base"]["num_updates"]))
 
 
 def spread(xs: Sequence[float], digits: int = 3) -> str:

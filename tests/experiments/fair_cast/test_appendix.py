@@ -80,8 +80,6 @@ def test_fair_cast_tables_on_planted_runs(tmp_path):
           # The first WARMUP_UPDATES are left out of the time ratio.
           "perf/update_s": (10.0 if u <= appendix.WARMUP_UPDATES else
                             (0.1 if nearest else 0.11 + 0.01 * (r.seed - 1)))})
-      if u % 8 == 0:  # the history (8) is full from update 8 on: 8 is the cap
-        w.write_scalars(u + 1, {"export/lag_steps": 8.0 if nearest else 0.0})
     w.write_scalars(20, {"eval/greedy_accuracy": 0.45})
     w.close()
     # Results rows: the learner's accuracy does not move, the sampled reward does.
@@ -90,7 +88,9 @@ def test_fair_cast_tables_on_planted_runs(tmp_path):
             "accuracy/mean_over_training": 0.45 + 0.01 * r.seed,
             "accuracy/last_quarter": 0.45,
             "reward/mean_over_training": 0.3 + (0.0 if nearest else 0.002 * r.seed),
+            # k* and its capped share come from the rows (events may be thinned)
             "export/lag_second_half": 8.0 if nearest else 0.0,
+            "export/lag_capped_fraction": 1.0 if nearest else 0.0,
             "export/unchanged_mean": 0.99 if nearest else 0.9}})
   md = appendix.fair_cast_appendix(str(tmp_path))
   rows = _rows(md)
