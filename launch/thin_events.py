@@ -11,7 +11,9 @@ restart markers), every HParams record, and each summary value whose tag is in
 ``--every``; values are copied byte for byte (same step, wall time and proto). Thin
 before building the report (``launch.report`` rebuilds it from what is committed, and
 the rebuild test checks that), and say in its findings what was thinned.
-``results.jsonl`` keeps every run's final metrics whatever is dropped.
+``results.jsonl`` keeps every run's final metrics whatever is dropped. A ``--keep``
+tag that would lose every value (all logged off the kept steps, e.g. at update + 1) is
+refused before any file is rewritten.
 """
 
 from __future__ import annotations
@@ -64,6 +66,23 @@ def thin_event_file(path: str, keep: Iterable[str], keep_prefixes: Iterable[str]
   return before, os.path.getsize(path)
 
 
+def _tags_emptied(paths: Iterable[str], keep: Iterable[str], every: int) -> list[str]:
+  """The ``keep`` tags that have values in ``paths`` but none at a multiple of
+  ``every`` (thinning would drop them entirely)."""
+  seen: set[str] = set()
+  kept: set[str] = set()
+  keep = set(keep)
+  for path in paths:
+    for record in RawEventFileLoader(path).Load():
+      event = Event.FromString(record)
+      for v in event.summary.value:
+        if v.tag in keep:
+          seen.add(v.tag)
+          if event.step % every == 0:
+            kept.add(v.tag)
+  return sorted(seen - kept)
+
+
 def thin_sweep(sweep_dir: str, keep: Iterable[str], keep_prefixes: Iterable[str] = (),
                every: int = 1) -> tuple[int, int]:
   """:func:`thin_event_file` on every event file under ``sweep_dir``; total bytes
@@ -71,11 +90,16 @@ def thin_sweep(sweep_dir: str, keep: Iterable[str], keep_prefixes: Iterable[str]
   keep, keep_prefixes = list(keep), list(keep_prefixes)
   if not keep and not keep_prefixes:
     raise ValueError("nothing to keep: name tags (--keep) or prefixes (--keep_prefix)")
+  paths = [p for p in sorted(glob.glob(os.path.join(sweep_dir, "**",
+                                                    "events.out.tfevents.*"),
+                                       recursive=True)) if not p.endswith(".tmp")]
+  lost = _tags_emptied(paths, keep, every)
+  if lost:  # checked before any file is rewritten: thinning is in place
+    raise ValueError(f"--every={every} would drop every value of the kept tags "
+                     f"{lost} (logged at steps that are not multiples of {every}); "
+                     "nothing was rewritten")
   total_before = total_after = 0
-  for path in sorted(glob.glob(os.path.join(sweep_dir, "**", "events.out.tfevents.*"),
-                               recursive=True)):
-    if path.endswith(".tmp"):
-      continue
+  for path in paths:
     before, after = thin_event_file(path, keep, keep_prefixes, every)
     total_before, total_after = total_before + before, total_after + after
   return total_before, total_after

@@ -43,3 +43,20 @@ def test_thin_sweep_covers_every_run_and_refuses_to_keep_nothing(tmp_path):
     assert set(read_scalars(os.path.dirname(path))) == {"train/reward"}
   with pytest.raises(ValueError, match="nothing to keep"):
     thin_sweep(str(tmp_path), [])
+
+
+def test_thin_sweep_refuses_to_drop_a_kept_tag_entirely(tmp_path):
+  """Before: fair_cast's lag (logged at steps 17, 33, ...) vanished at --every=16."""
+  writer = MetricWriter(str(tmp_path / "runs" / "a"))
+  for step in (17, 33, 49):
+    writer.write_scalars(step, {"export/lag_steps": 3.0})
+  for step in (16, 32, 48):
+    writer.write_scalars(step, {"train/reward": 0.5})
+  writer.close()
+  [path] = [os.path.join(tmp_path, "runs", "a", f)
+            for f in os.listdir(tmp_path / "runs" / "a")]
+  size = os.path.getsize(path)
+  with pytest.raises(ValueError, match=r"\['export/lag_steps'\].*nothing was rewritten"):
+    thin_sweep(str(tmp_path), ["train/reward", "export/lag_steps"], every=16)
+  assert os.path.getsize(path) == size
+  assert read_scalars(str(tmp_path / "runs" / "a"))["export/lag_steps"][0][0] == 17
