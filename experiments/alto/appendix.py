@@ -18,7 +18,8 @@ import os
 from experiments.common.curve_plots import plot_curves
 from experiments.common.curves import steps_to_target, value_at
 from experiments.common.stats import format_spread, mean_interval
-from experiments.common.sweep_data import read_manifest, read_sweep_info, run_dir
+from experiments.common.sweep_data import (completed_curves, read_manifest,
+                                          read_sweep_info, run_dir)
 from experiments.common.tensorboard_reader import read_scalars
 
 
@@ -33,16 +34,12 @@ def _interval(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 
 def _completed_curves(sweep_dir: str, tag: str) -> dict[str, dict[int, list]]:
+  """arm -> seed -> ``tag``'s curve, for the runs that logged it at the last step."""
   info = read_sweep_info(sweep_dir)
-  num_steps = int(info["base"]["num_steps"])
-  curves: dict[str, dict[int, list]] = collections.defaultdict(dict)
-  for m in read_manifest(sweep_dir):
-    directory = run_dir(sweep_dir, m["run_name"])
-    if os.path.isdir(directory):
-      curve = read_scalars(directory).get(tag, [])
-      if curve and curve[-1][0] >= num_steps:  # completed runs only
-        curves[m["arm"]][m["seed"]] = curve
-  return curves
+  _, runs = completed_curves(sweep_dir, complete_tag=tag,
+                             complete_step=int(info["base"]["num_steps"]))
+  return {arm: {seed: scalars[tag] for seed, scalars in seeds.items()}
+          for arm, seeds in runs.items()}
 
 
 def convergence_table(sweep_dir: str, tag: str = "eval/loss") -> str:
