@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from experiments.common.stats import mean_interval, paired_difference
-from experiments.common.sweep_data import read_manifest, read_sweep_info, results_by_run, run_dir
+from experiments.common.sweep_data import (completed_curves, read_manifest, read_sweep_info,
+                                          results_by_run, run_dir)
 from experiments.common.tensorboard_reader import read_scalars
 
 LONG_SUBDIR = "long"
@@ -94,6 +95,52 @@ def budget_section(sweep_dir: str, title: str, baseline: str = "coupled",
     else:
       lines += [f"- `{arm}`: paired statistics unavailable ({d.n} paired seeds)."]
   return lines + [""]
+
+
+def recall_by_step_section(sweep_dir: str, baseline: str = "coupled",
+                           confidence: float = 0.95) -> list[str]:
+  """Markdown lines: each arm's mean recall at every evaluation step of the completed
+  runs, and each other arm's paired difference against ``baseline`` at that step.
+
+  On a run whose budget stops its schedule early, the row at step ``s`` is what a
+  budget of ``s`` steps on that schedule would give (the trajectory is the same).
+  """
+  info, curves = completed_curves(sweep_dir, complete_tag=METRIC,
+                                  complete_step=info_steps(sweep_dir))
+  arms = [baseline] + [a["name"] for a in info["arms"] if a["name"] != baseline]
+  by_arm: dict[str, dict[int, dict[int, float]]] = {}  # arm -> step -> seed -> recall
+  for arm in arms:
+    for seed, scalars in curves.get(arm, {}).items():
+      for step, v in scalars.get(METRIC, []):
+        by_arm.setdefault(arm, {}).setdefault(int(step), {})[seed] = float(v)
+  steps = sorted({s for per in by_arm.values() for s in per if s > 0})
+  if not steps or baseline not in by_arm:
+    return []
+  pct = int(round(100 * confidence))
+  others = arms[1:]
+  lines = ["### Recall at every evaluation step (this sweep)", "",
+           f"Mean `{METRIC}` of the completed runs at each evaluation step, and the "
+           f"paired difference against `{baseline}` ({pct}% t-interval, wins); the row "
+           "at a step is that budget on the same schedule.", "",
+           "| step | " + " | ".join(f"`{a}`" for a in arms) + " | "
+           + " | ".join(f"`{a} − {baseline}`" for a in others) + " |",
+           "|---" * (1 + len(arms) + len(others)) + "|"]
+  for step in steps:
+    means = [f"{np.mean(list(by_arm[a][step].values())):.4f}"
+             if by_arm.get(a, {}).get(step) else "n/a" for a in arms]
+    diffs = []
+    for a in others:
+      d = paired_difference(by_arm.get(a, {}).get(step, {}), by_arm[baseline].get(step, {}),
+                            confidence)
+      diffs.append(f"{d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], {d.wins}/{d.n}"
+                   if d.n >= 2 else "n/a")
+    lines.append(f"| {step} | " + " | ".join(means) + " | " + " | ".join(diffs) + " |")
+  return lines + [""]
+
+
+def info_steps(sweep_dir: str) -> int:
+  """The sweep's ``num_steps`` (its runs are complete when they evaluated there)."""
+  return int(read_sweep_info(sweep_dir)["base"]["num_steps"])
 
 
 def energy_section(sweep_dir: str, long_sweep_dir: str, confidence: float = 0.95
@@ -174,6 +221,7 @@ def memoir_appendix(sweep_dir: str, confidence: float = 0.95) -> str:
            "at 240 steps; both 1.0000 at 960 steps). The claims table above decides this "
            "sweep's claims.", ""]
   lines += budget_section(sweep_dir, "This sweep", confidence=confidence)
+  lines += recall_by_step_section(sweep_dir, confidence=confidence)
   if long_sweep_dir:
     lines += budget_section(long_sweep_dir, "Long budget", confidence=confidence)
     lines += [f"Long-budget table, per-run rows and curves: [{LONG_SUBDIR}/REPORT.md]"

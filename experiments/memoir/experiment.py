@@ -79,8 +79,12 @@ class MemoirExperimentConfig:
                                       domain="[0, inf)")
   batch_size: int = config_field(64, "Samples per step.", domain="[2, inf)")
   num_steps: int = config_field(240, "Training steps.", domain="[1, inf)")
+  schedule_steps: int = config_field(0, "Length of the warmup + cosine schedule (0: "
+                                     "num_steps). Larger than num_steps stops that "
+                                     "schedule early: a short budget on the long run's "
+                                     "schedule.", domain="[0, inf)")
   learning_rate: float = config_field(1e-3, "Peak AdamW learning rate.", domain="(0, inf)")
-  warmup_fraction: float = config_field(0.05, "Warmup as a fraction of num_steps, then "
+  warmup_fraction: float = config_field(0.05, "Warmup as a fraction of the schedule, then "
                                         "cosine decay to 10% (so budgets share a shape).",
                                         domain="[0, 1)")
   weight_decay: float = config_field(0.01, "AdamW decoupled weight decay.", domain="[0, inf)")
@@ -103,6 +107,10 @@ class MemoirExperimentConfig:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     if self.batch_size < 2:
       raise ValueError("batch_size must be >= 2 (the energy's negatives come from the batch)")
+    if self.schedule_steps and self.schedule_steps < self.num_steps:
+      raise ValueError(f"schedule_steps={self.schedule_steps} is shorter than num_steps="
+                       f"{self.num_steps}: the run would train past its schedule's end "
+                       "(0 means the schedule spans num_steps)")
     if not 0.0 <= self.warmup_fraction < 1.0:
       raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -121,10 +129,12 @@ class MemoirExperimentConfig:
 
 
 def make_optimizer(config: MemoirExperimentConfig) -> optax.GradientTransformation:
-  """AdamW, linear warmup + cosine decay to 10%, optional global-norm clipping."""
-  warmup = max(int(round(config.warmup_fraction * config.num_steps)), 1)
+  """AdamW, linear warmup + cosine decay to 10% over ``schedule_steps`` (default
+  ``num_steps``), optional global-norm clipping."""
+  length = config.schedule_steps or config.num_steps
+  warmup = max(int(round(config.warmup_fraction * length)), 1)
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.learning_rate, warmup, max(config.num_steps, warmup + 1),
+      0.0, config.learning_rate, warmup, max(length, warmup + 1),
       end_value=0.1 * config.learning_rate)
   adam = optax.adamw(schedule, weight_decay=config.weight_decay)
   return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) \

@@ -39,14 +39,17 @@ def test_smoke_writes_events_config_checkpoint_and_results(tmp_path):
 
 def test_sweep_declaration_matches_the_paper_protocol(tmp_path):
   short = registry.get("memoir")
-  assert short.base.num_steps == 240 and len(short.seeds) == 12
+  # The short budget stops the long run's schedule early (sweep docstring).
+  assert short.base.num_steps == 400 and short.base.schedule_steps == 960
+  assert len(short.seeds) == 12
   assert [a.name for a in short.arms] == ["coupled", "read_only", "no_write"]
   assert short.metrics[0] == "eval/recall" and "train/energy_margin" in short.curves
   assert short.claims and not set(short.seeds) & set(short.calibration_seeds)
   long = registry.get("memoir_long")
   assert long.base.num_steps == 960 and long.claims
   # The long budget is the short sweep at 960 steps (evaluated every 80).
-  _, via_cli = prepare(short, str(tmp_path), ["num_steps=960", "eval_every=80"],
+  _, via_cli = prepare(short, str(tmp_path),
+                       ["num_steps=960", "schedule_steps=0", "eval_every=80"],
                        list(long.seeds))
   _, direct = prepare(long, str(tmp_path), [])
   assert [r.run_name for r in via_cli] == [r.run_name for r in direct]
@@ -57,6 +60,26 @@ def test_sweep_declaration_matches_the_paper_protocol(tmp_path):
     by_seed.setdefault(r.seed, []).append(
         {k: v for k, v in r.config.items() if k not in ("mode", "d_hidden")})
   assert all(a == b == c for a, b, c in by_seed.values())
+
+
+def test_a_budget_that_stops_the_schedule_early_is_the_longer_runs_prefix(tmp_path):
+  long = dataclasses.replace(TINY, num_steps=8, eval_every=4, log_every=1,
+                             checkpoint_every=0)
+  short = dataclasses.replace(long, num_steps=4, schedule_steps=8)
+  memoir.train_and_evaluate(long, RunOptions(workdir=str(tmp_path / "long")))
+  memoir.train_and_evaluate(short, RunOptions(workdir=str(tmp_path / "short")))
+  a, b = read_scalars(str(tmp_path / "long")), read_scalars(str(tmp_path / "short"))
+  for tag in ("train/loss", "eval/recall", "eval/energy_margin"):
+    assert b[tag] == [(s, v) for s, v in a[tag] if s <= 4], tag
+  # Its own schedule (warm-up and decay over 4 steps) is another trajectory.
+  own = dataclasses.replace(short, schedule_steps=0)
+  memoir.train_and_evaluate(own, RunOptions(workdir=str(tmp_path / "own")))
+  assert read_scalars(str(tmp_path / "own"))["train/loss"][1:] != b["train/loss"][1:]
+
+
+def test_schedule_shorter_than_the_run_raises():
+  with pytest.raises(ValueError, match="schedule_steps=4 is shorter than num_steps=8"):
+    dataclasses.replace(TINY, num_steps=8, schedule_steps=4)
 
 
 def test_no_write_arm_runs_and_writes_nothing(tmp_path):
