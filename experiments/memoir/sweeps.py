@@ -63,7 +63,7 @@ while another sweep ran), so 24 runs come to about 30-35 min at ``--parallel=1``
 Measured (2026-12-05): 11.2 min, 675 s (the compilation cache was warm from the calibration
 and a discarded first run; runs of about 30 s). A 400-step calibration-sized run took
 about 15 s (one pinned core, next to the temperon sweep), so the short sweep's 36 runs
-come to about 10-15 min.
+come to about 10-15 min. Measured (2026-12-05): 708 s (11.8 min).
 
 Claims (margins fixed here before the runs; recall is a fraction of 1024 queries). The
 equivalence margin is 0.05 recall: well under the paper's short-budget lead (0.135), so

@@ -20,7 +20,7 @@ from launch.report import build_report
 REPORTS = ("lm/report", "alto/report", "fair_cast/report", "looped_rl/report",
            "kv_cache/report", "optimizer_state/report", "qlora/report", "stale_sampler/report",
            "mxfp8_rl/report", "mxfp8_rl/report_faults", "temperon/report",
-           "memoir/report/long")
+           "memoir/report", "memoir/report/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
