@@ -15,6 +15,7 @@ _REGISTRY: dict[str, str] = {
     "lm_recipes": "experiments.lm.sweeps:lm_recipes",
     "lm_builtin_recipes": "experiments.lm.sweeps:lm_builtin_recipes",
     "alto": "experiments.alto.sweeps:alto",
+    "alto_negative": "experiments.alto.sweeps:alto_negative",
     "fair_cast": "experiments.fair_cast.sweeps:fair_cast",
     "mxfp8_rl": "experiments.mxfp8_rl.sweeps:mxfp8_rl",
     "mxfp8_rl_faults": "experiments.mxfp8_rl.sweeps:mxfp8_rl_faults",

@@ -154,3 +154,17 @@ def test_dge_table_from_planted_statistics(tmp_path):
       f"| `mxfp4_rht_sr_dge` | 1 | {(1 + q) / 2:.3f} | 0.100 | 0.200 | 1.000 |",
       f"| `mxfp4_rht_sr_dge` | 2 | {q + 1:.3f} | 0.100 | 0.200 | 1.000 |",
       f"| `mxfp4_rht_sr_dge` | 4 | {n:.3f} | 0.100 | 0.200 | 1.000 |"]
+
+
+def test_negative_sweep_adds_one_option_to_the_alto_base():
+  main, neg = registry.get("alto"), registry.get("alto_negative")
+  assert neg.base.num_steps == main.base.num_steps // 2 and neg.base.macro_block == 64
+  # the model, batch and lr are the alto sweep's (chosen there on its calibration seed)
+  for field in ("d_model", "batch_size", "learning_rate", "seq_len", "num_layers"):
+    assert getattr(neg.base, field) == getattr(main.base, field), field
+  base = next(a for a in neg.arms if a.name == neg.baseline).overrides
+  for arm in neg.arms:
+    extra = {k: v for k, v in arm.overrides.items() if base.get(k) != v}
+    assert set(extra) <= {"recipe_options"} and arm.overrides["recipe"] == "mxfp4"
+  assert len(neg.seeds) >= 5 and {c.arm for c in neg.claims} == {
+      "static_clip", "dynamic_clip", "macro_block"}
