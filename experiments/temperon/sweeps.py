@@ -31,8 +31,9 @@ are the previous sweep's (the paper's, scaled).
 
 Sizing: one run took about 20 s on the shared 2-core machine (about 6 s of training,
 the rest start-up and compilation), so 7 arms x 12 seeds = 84 runs come to about
-28 min at ``--parallel=1``. Measured (2026-12-05): 71.4 min, runs of 19-75 s, because
-the other agents' load rose after the one-run measurement (load average 4-9 on 2 cores).
+28 min at ``--parallel=1``. Measured (2026-12-05): 71.4 min for a first run (runs of
+19-75 s: the other agents' load rose after the one-run measurement; its runs recorded a
+dirty tree), 33.2 min (1991 s) for the clean rerun on one pinned core.
 
 Claims (margins fixed here before the runs; accuracies are fractions of the 1697 test
 images). The equivalence margin is 0.01 (1 pp): the effects the paper calls real are of
