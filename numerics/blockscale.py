@@ -798,6 +798,50 @@ def quantize_dequantize_nvfp4(x: jax.Array, *,
                     rand_bits=rand_bits, pad=pad, rng=rng, convention=convention)
 
 
+@functools.partial(jax.jit, static_argnames=(
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng"))
+def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, rand_bits, pad, rng):
+
+  def run(x, key):
+    xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
+    words = _words(key, xp.shape, rounding, rng)
+    values, inv_s_enc = nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
+                                      rand_bits=rand_bits, dequantize="blocks")
+    return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc
+
+  return gradients_lib.not_differentiable(
+      run, "quantize_dequantize_nvfp4_blocks",
+      "quantize_dequantize_nvfp4 (straight-through)")(x, key)
+
+
+def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
+                                     block_shape: int | Sequence[int] | None = None,
+                                     axis: int | Sequence[int] | None = None,
+                                     rounding: str = "nearest",
+                                     key: jax.Array | None = None,
+                                     rand_bits: int | None = None, pad: bool = False,
+                                     rng: random_bits_lib.Method = "hash"
+                                     ) -> tuple[jax.Array, jax.Array]:
+  """NVFP4 (``te`` convention) dequantized up to its tensor scale: ``(values, 1/S_enc)``.
+
+  ``values`` (float32, x's shape) is each element times its block's E4M3 scale,
+  ``E2M1 * S_dec``: at most 6 significant bits and at least 2^-10 in magnitude, so
+  exact in bfloat16 (NaN for a block holding NaN or Inf). ``values * (1/S_enc)`` equals
+  :func:`quantize_dequantize_nvfp4` bit for bit (that function's one float32
+  rounding). A GEMM of two such operands can multiply ``values`` in bfloat16 with
+  float32 accumulation and apply both tensor scales to its output, as an NVFP4 tensor
+  core GEMM does (Transformer Engine passes them to cuBLASLt as ``alpha``):
+  :mod:`numerics.qdot` does. Arguments as :func:`quantize_nvfp4`.
+
+  Not differentiable (raises under ``jax.grad``; ``values`` is not in x's units).
+  """
+  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
+                                    "te")
+  del x32
+  return _qdq_nvfp4_blocks(jnp.asarray(x), key, axes=axes, blocks=blocks,
+                           rounding=rounding, rand_bits=rand_bits, pad=pad, rng=rng)
+
+
 def _finite_amax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(int32 bits, float32 value) of max |x| over finite values (0 when none)."""
   a = lax.bitcast_convert_type(x, jnp.uint32) & _U(0x7FFFFFFF)
@@ -1041,7 +1085,7 @@ def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
 
 def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
                   rounding: str, words: jax.Array | None, rand_bits: int | None,
-                  dequantize: bool):
+                  dequantize: bool | str):
   """NVFP4 (``te`` convention, any rounding) in two passes over ``xp``.
 
   The fast jnp path of :func:`quantize_nvfp4` and :func:`quantize_dequantize_nvfp4`:
@@ -1055,7 +1099,8 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   :func:`numerics.rounding.round_magnitude` on ``words``. Equal bit for bit to
   :func:`nvfp4_quantize_core` (tested, and both against the NumPy reference).
   Returns (codes, scale codes, 1/S_enc), or the dequantized float32 tensor with
-  ``dequantize``.
+  ``dequantize``, or with ``dequantize="blocks"`` (the dequantized tensor before its
+  tensor scale, 1/S_enc).
   """
   e4m3 = formats_lib.get("e4m3")
   bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
@@ -1097,7 +1142,10 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   if dequantize:
     value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
     value = lax.bitcast_convert_type(
-        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32) * inv_s_enc
+        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
+    if dequantize == "blocks":
+      return jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape), inv_s_enc
+    value = value * inv_s_enc
     return jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
   codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
   codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)

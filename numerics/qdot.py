@@ -18,8 +18,13 @@ Randomness (stochastic rounding and Hadamard transforms) comes from ``key``:
 ``fold_in(k_g, 0)`` for the Hadamard transform, ``fold_in(k_g, 1)`` for the lhs and
 ``fold_in(k_g, 2)`` for the rhs quantizer. Operands are quantized in float32,
 multiplied in the recipe's compute dtype (exact for MX values) and accumulated in
-float32 (or in an emulated narrower accumulator, ``GemmRecipe.accumulation``); the
-output takes ``preferred_element_type`` if given, else lhs's dtype. A recipe that
+float32 (or in an emulated narrower accumulator, ``GemmRecipe.accumulation``). An
+NVFP4 operand (``te`` convention) enters as its block-scaled values ``E2M1 * S_dec``
+(exact in bf16) and its tensor scale ``1/S_enc`` multiplies the GEMM's float32
+output: ``acc * (s_lhs * s_rhs)`` with both NVFP4, as NVFP4 tensor cores take the
+tensor scales (Transformer Engine's cuBLASLt ``alpha``). This is not bit for bit the
+GEMM of the fully dequantized operands (each rounded once by its tensor scale), whose
+result differs in the last float32 bits. The output takes ``preferred_element_type`` if given, else lhs's dtype. A recipe that
 quantizes nothing is exactly a plain ``lax.dot_general`` of operands cast to the
 compute dtype (``fp32`` at ``Precision.HIGHEST`` unless ``precision`` is given).
 
@@ -79,16 +84,20 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
                       contract_axis: int, free_axis: int, key, *,
                       delayed: delayed_scaling.DelayedScalingState | None = None,
                       telemetry: bool = False):
-  """(float32 fake-quantized operand, its telemetry or None, its amax or None).
+  """(float32 GEMM operand, its telemetry or None, its amax or None, its tensor scale
+  or None).
 
-  ``x`` in float32 when ``op`` is None. Still multiplied by ``op.prescale``: the GEMM
+  The operand times its tensor scale (where not None) is the fake-quantized value:
+  NVFP4 operands come as block-scaled values (exact in bfloat16) and ``1/S_enc``
+  (:func:`numerics.kernels.quantize_dequantize_split`), and the GEMM applies the scale
+  to its output. ``x`` in float32 when ``op`` is None. Still multiplied by ``op.prescale``: the GEMM
   divides the prescales out of its output, so the operands it multiplies stay exact
   quantized values. ``delayed`` is the operand's state for ``scaling="delayed"``, whose
   amax is returned for the state update.
   """
   x = x.astype(jnp.float32)
   if op is None:
-    return x, None, None
+    return x, None, None, None
   key = key if op.rounding == "stochastic" else None
   if op.prescale != 1.0:
     x = x * np.float32(op.prescale)
@@ -100,7 +109,7 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
                                             key=key, rand_bits=op.rand_bits)
     tel = (telemetry_lib.scaled_telemetry(x, q, delayed.scale, op.fmt)
            if telemetry else None)
-    return q, tel, delayed_scaling.amax(x)
+    return q, tel, delayed_scaling.amax(x), None
   spec = op.spec(contract_axis, free_axis)
   x_in = x
   if op.clip == "rms":
@@ -108,9 +117,10 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   # The fused Pallas kernel on GPU/TPU where the spec allows (same bits), else jnp;
   # the rule and its NUMERICS_KERNELS override: numerics.kernels.dispatch.
   if op.macro_block is None:
-    q = kernels.quantize_dequantize(x, spec, key=key)
-    tel = telemetry_lib.spec_telemetry(x_in, q, spec) if telemetry else None
-    return q, tel, None
+    q, scale = kernels.quantize_dequantize_split(x, spec, key=key)
+    tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
+           if telemetry else None)
+    return q, tel, None, scale
   fmt_max = float(formats_lib.get(op.fmt).max)
   s = macro_scaling.macro_block_scales(
       x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
@@ -120,7 +130,7 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   if telemetry:
     tel = telemetry_lib.spec_telemetry(x / s, q_in_macro, spec)
     tel = tel._replace(sqnr_db=telemetry_lib.spec_telemetry(x_in, q, spec).sqnr_db)
-  return q, tel, None
+  return q, tel, None, None
 
 
 def _prescale(op: recipes_lib.OperandQuant | None) -> float:
@@ -153,13 +163,13 @@ def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,
   With static clipping the operands are still multiplied by their prescales (divide
   the GEMM's output by ``prescale_lhs * prescale_rhs``).
   """
-  (aq, _, _), (bq, _, _) = _gemm_operands(a, b, gemm, axes_a, axes_b, keys, {}, False,
-                                          "")
-  return aq, bq
+  (aq, _, _, sa), (bq, _, _, sb) = _gemm_operands(a, b, gemm, axes_a, axes_b, keys, {},
+                                                  False, "")
+  return (aq if sa is None else aq * sa), (bq if sb is None else bq * sb)
 
 
 def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name):
-  """((a_q, a telemetry, a amax), (b_q, ...)) of the GEMM called ``name``."""
+  """((a_q, a telemetry, a amax, a tensor scale), (b_q, ...)) of the GEMM ``name``."""
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
   if gemm.hadamard is not None:
@@ -177,15 +187,24 @@ _WGRAD_MM = ("bmk,bmn->bkn", (0, 2, 1), (0, 1, 2))
 
 
 def _mm(a, b, mm, compute_dtype: str,
-        accumulation: accumulation_lib.Accumulation | None) -> jax.Array:
+        accumulation: accumulation_lib.Accumulation | None, scales=(None, None)
+        ) -> jax.Array:
+  """The GEMM of two operands from :func:`_quantize_operand`, their tensor scales
+  (where not None) applied to the float32 output: ``acc * (s_a * s_b)``, as an NVFP4
+  tensor-core GEMM takes them (cuBLASLt's ``alpha``)."""
   dtype = _COMPUTE[compute_dtype]
   a, b = a.astype(dtype), b.astype(dtype)
   spec, perm_a, perm_b = mm
   if accumulation is not None:
-    return accumulation_lib.emulated_matmul(jnp.transpose(a, perm_a),
-                                            jnp.transpose(b, perm_b), accumulation)
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
-                    precision=lax.Precision.HIGHEST)
+    out = accumulation_lib.emulated_matmul(jnp.transpose(a, perm_a),
+                                           jnp.transpose(b, perm_b), accumulation)
+  else:
+    out = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
+                     precision=lax.Precision.HIGHEST)
+  given = [s for s in scales if s is not None]
+  if not given:
+    return out
+  return out * (given[0] if len(given) == 1 else given[0] * given[1])
 
 
 # Axes of the canonical operands: X (B, M, K), W (B, K, N), dO (B, M, N).
@@ -195,7 +214,7 @@ _X_WGRAD, _DO_WGRAD = (-2, -1), (-2, -1)  # wgrad contracts M (tokens)
 
 
 def _record(tel: dict, amaxes: dict, name: str, results) -> None:
-  for side, (_, t, amax) in zip(("lhs", "rhs"), results):
+  for side, (_, t, amax, _) in zip(("lhs", "rhs"), results):
     if t is not None:
       tel[f"{name}/{side}"] = t
     if amax is not None:
@@ -207,11 +226,12 @@ def _forward(x, w, key, state, recipe):
   telemetry = "telemetry" in state
   ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys,
                        state.get("delayed", {}), telemetry, "forward")
-  (xq, _, _), (wq, _, _) = ops
+  (xq, _, _, xs), (wq, _, _, ws) = ops
   tel, amaxes = {}, {}
   _record(tel, amaxes, "forward", ops)
-  out = _mm(xq, wq, _FWD_MM, recipe.compute_dtype, recipe.forward.accumulation)
-  return _compensate(out, recipe.forward.lhs, recipe.forward.rhs), tel, wq, amaxes
+  out = _mm(xq, wq, _FWD_MM, recipe.compute_dtype, recipe.forward.accumulation, (xs, ws))
+  return (_compensate(out, recipe.forward.lhs, recipe.forward.rhs), tel, (wq, ws),
+          amaxes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -236,7 +256,7 @@ def _qmatmul_bwd(recipe, res, cotangents):
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
     gres = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
                              delayed=delayed.get("dgrad/lhs"))
-    ops = (gres, (wq_fwd, None, None))
+    ops = (gres, (wq_fwd[0], None, None, wq_fwd[1]))
     w_op = recipe.forward.rhs
   else:
     ops = _gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd, delayed, telemetry,
@@ -244,13 +264,15 @@ def _qmatmul_bwd(recipe, res, cotangents):
     w_op = recipe.dgrad.rhs
   _record(tel, amaxes, "dgrad", ops)
   dx = _compensate(_mm(ops[0][0], ops[1][0], _DGRAD_MM, recipe.compute_dtype,
-                       recipe.dgrad.accumulation), recipe.dgrad.lhs, w_op)
+                       recipe.dgrad.accumulation, (ops[0][3], ops[1][3])),
+                   recipe.dgrad.lhs, w_op)
   kw = _gemm_keys(key, WGRAD)
   ops = _gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw, delayed, telemetry,
                        "wgrad")
   _record(tel, amaxes, "wgrad", ops)
   dw = _compensate(_mm(ops[0][0], ops[1][0], _WGRAD_MM, recipe.compute_dtype,
-                       recipe.wgrad.accumulation), recipe.wgrad.lhs, recipe.wgrad.rhs)
+                       recipe.wgrad.accumulation, (ops[0][3], ops[1][3])),
+                   recipe.wgrad.lhs, recipe.wgrad.rhs)
   if recipe.dge_k is not None:
     dw = dw * _dge_factor(recipe, w)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
@@ -503,7 +525,8 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   def quantize(w: jax.Array) -> jax.Array:
     if w.ndim < 2:
       raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
-    q = _quantize_operand(w, op, *_W_FWD, None)[0]
+    q, _, _, scale = _quantize_operand(w, op, *_W_FWD, None)
+    q = q if scale is None else q * scale
     return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
 
   return quantize

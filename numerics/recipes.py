@@ -44,10 +44,12 @@ Named recipes (``names()``):
 
 ``compute_dtype`` (``"bf16"`` or ``"fp32"``, the format names used everywhere) is the
 dtype of the GEMM operands after fake quantization: bf16 for MX recipes (their
-dequantized values are exact in bf16), fp32 for ``fp8``, ``fp8_delayed`` and
-``nvfp4``, whose fp32 tensor scales make dequantized values inexact in bf16 (hardware
-applies those scales after the GEMM). Accumulation is float32 unless a GEMM emulates a
-narrower accumulator.
+dequantized values are exact in bf16) and for ``nvfp4``, fp32 for ``fp8`` and
+``fp8_delayed``, whose fp32 tensor scales make dequantized values inexact in bf16.
+NVFP4 operands (``te`` convention) enter the GEMM as their block-scaled values
+(E2M1 x E4M3, exact in bf16) and the GEMM multiplies its float32 output by the two
+tensor scales, as the hardware does (:mod:`numerics.qdot`). Accumulation is float32
+unless a GEMM emulates a narrower accumulator.
 
 Build a custom recipe with :class:`Recipe` directly or :func:`replace`.
 """
@@ -345,7 +347,7 @@ def _nvfp4() -> Recipe:
   return Recipe(name="nvfp4", forward=GemmRecipe(lhs=x, rhs=w),
                 dgrad=GemmRecipe(lhs=do, rhs=None),
                 wgrad=GemmRecipe(lhs=x, rhs=do, hadamard=16),
-                reuse_forward_weight=True, compute_dtype="fp32")
+                reuse_forward_weight=True)
 
 
 def _fp8(name: str, scaling: str) -> Recipe:

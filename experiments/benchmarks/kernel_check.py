@@ -195,6 +195,10 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
       "nvfp4_quantize_dequantize stochastic axis -1": (
           lambda x, k, m: kernels.nvfp4_quantize_dequantize(x, rounding="stochastic",
                                                             key=k, **m), 12 * n),
+      # qdot's NVFP4 operand quantizer: the values before the tensor scale.
+      "nvfp4_quantize_dequantize_blocks stochastic axis -2": (
+          lambda x, k, m: kernels.nvfp4_quantize_dequantize_blocks(
+              x, axis=-2, rounding="stochastic", key=k, **m)[0], 12 * n),
   }
   unknown = set(_KERNELS.value) - set(cases)
   if unknown:

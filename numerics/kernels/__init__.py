@@ -6,10 +6,12 @@
 * :func:`nvfp4_quantize`: NVFP4 (1x16 blocks, E4M3 scales, fp32 tensor scale).
 * :func:`mx_quantize_dequantize`, :func:`nvfp4_quantize_dequantize`: fused fake
   quantization (the training path's operand quantizer), blocks along the last or the
-  second-to-last axis.
+  second-to-last axis; :func:`nvfp4_quantize_dequantize_blocks` the NVFP4 one before
+  its tensor scale (which :mod:`numerics.qdot` applies to the GEMM output).
 * :func:`mx_matmul`: block-scaled matmul on MX codes and scales, fp32 accumulation.
 * :func:`quantize_dequantize`: a :class:`numerics.QuantSpec` through the fused kernel
-  when the spec and the platform allow it, else through the jnp path (what
+  when the spec and the platform allow it, else through the jnp path;
+  :func:`quantize_dequantize_split` the same with NVFP4's tensor scale apart (what
   :mod:`numerics.qdot` calls for every GEMM operand).
 
 Dispatch rule (:mod:`numerics.kernels.dispatch`): compiled Pallas on GPU/TPU, the jnp
@@ -25,9 +27,12 @@ The device check: ``python -m experiments.benchmarks.kernel_check
 from numerics.kernels.dispatch import ENV_VAR, IMPLS
 from numerics.kernels.block_matmul import mx_matmul
 from numerics.kernels.mx_quantizers import mx_quantize, mx_quantize_dequantize
-from numerics.kernels.nvfp4_quantizers import nvfp4_quantize, nvfp4_quantize_dequantize
-from numerics.kernels.operand import kernel_eligible, quantize_dequantize
+from numerics.kernels.nvfp4_quantizers import (nvfp4_quantize, nvfp4_quantize_dequantize,
+                                               nvfp4_quantize_dequantize_blocks)
+from numerics.kernels.operand import (kernel_eligible, quantize_dequantize,
+                                      quantize_dequantize_split, splits_tensor_scale)
 
 __all__ = ["ENV_VAR", "IMPLS", "kernel_eligible", "mx_matmul", "mx_quantize",
            "mx_quantize_dequantize", "nvfp4_quantize", "nvfp4_quantize_dequantize",
-           "quantize_dequantize"]
+           "nvfp4_quantize_dequantize_blocks", "quantize_dequantize",
+           "quantize_dequantize_split", "splits_tensor_scale"]

@@ -66,6 +66,9 @@ def _cases() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
     cases[f"nvfp4_quantize_dequantize axis {axis} stochastic {QUANTIZE_SHAPE}"] = (
         lambda x, k, axis=axis: kernels.nvfp4_quantize_dequantize(
             x, axis=axis, key=k, **sr, **on), (_x(), key))
+  cases[f"nvfp4_quantize_dequantize_blocks axis -2 stochastic {QUANTIZE_SHAPE}"] = (
+      lambda x, k: kernels.nvfp4_quantize_dequantize_blocks(x, axis=-2, key=k, **sr, **on),
+      (_x(), key))
   n = MATMUL_SIZE
   for fa, fb in (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("int8", "e5m2")):
     cases[f"mx_matmul {fa} x {fb} {n}^3"] = (

@@ -12,8 +12,10 @@ one tile.
 * :func:`nvfp4_quantize`: codes, scale codes and the tensor scale, equal bit for bit
   to ``numerics.quantize_nvfp4`` (blocks along the last axis).
 * :func:`nvfp4_quantize_dequantize`: float32 ``dequantize(quantize_nvfp4(x))`` in one
-  pass, blocks along the last or second-to-last axis (the training path's operand
-  quantizer for the ``nvfp4`` recipe's 1D operands).
+  pass, blocks along the last or second-to-last axis.
+* :func:`nvfp4_quantize_dequantize_blocks`: the same before the tensor scale, and
+  ``1/S_enc`` (the training path's operand quantizer for the ``nvfp4`` recipe's 1D
+  operands: :mod:`numerics.qdot` applies the tensor scales to the GEMM output).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def _body(x, words, scalars, *, axis, rounding, rand_bits, dequantize):
   w = words() if rounding == "stochastic" else None
   codes, scales, values = blockscale.nvfp4_quantize_core(
       x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w, rand_bits)
+  if dequantize == "blocks":
+    return (values,)
   if dequantize:
     return (values * scalars[1],)
   return codes, scales
@@ -70,6 +74,9 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
     del s_enc, inv_s_enc
     stochastic = (dict(key=key, rand_bits=rand_bits, rng="hash")
                   if rounding == "stochastic" else {})
+    if dequantize == "blocks":
+      return blockscale.quantize_dequantize_nvfp4_blocks(xp, axis=axis, rounding=rounding,
+                                                         **stochastic)[0]
     q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding, **stochastic)
     if dequantize:
       return blockscale.dequantize(q)
@@ -87,7 +94,8 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
         body, x2, axis=axis2, block=NVFP4_BLOCK, outputs=outputs,
         seeds=blockwise.seeds_of(key), scalars=jnp.stack([s_enc, inv_s_enc]),
         variant=variant, interpret=interpret, tile=tile,
-        name="nvfp4_quantize_dequantize" if dequantize else "nvfp4_quantize")
+        name=("nvfp4_quantize_dequantize_blocks" if dequantize == "blocks" else
+              "nvfp4_quantize_dequantize" if dequantize else "nvfp4_quantize"))
     if dequantize:
       return res[0].reshape(xp.shape)
     return (res[0].reshape(xp.shape),
@@ -158,3 +166,38 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
       interpret_as=dispatch.check_variant(interpret_as), dequantize=True)[0]
   out = gradients.straight_through(run, xp, key if rounding == "stochastic" else None)
   return out[tuple(slice(0, d) for d in x.shape)]
+
+
+def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
+                                     rounding: str = "nearest",
+                                     key: jax.Array | None = None,
+                                     rand_bits: int | None = None, pad: bool = False,
+                                     tile: tuple[int, int] | None = None,
+                                     interpret: bool = False,
+                                     use_kernel: bool | None = None,
+                                     interpret_as: str = dispatch.GPU
+                                     ) -> tuple[jax.Array, jax.Array]:
+  """:func:`nvfp4_quantize_dequantize` up to its tensor scale: ``(values, 1/S_enc)``.
+
+  Equal bit for bit to ``numerics.blockscale.quantize_dequantize_nvfp4_blocks(x,
+  axis=axis, ...)``: ``values = element * S_dec`` (exact in bfloat16), so that
+  ``values * (1/S_enc)`` is :func:`nvfp4_quantize_dequantize`'s result. The operand
+  quantizer of :mod:`numerics.qdot`'s NVFP4 GEMMs, which apply both operands' tensor
+  scales to the GEMM output.
+
+  Args: as :func:`nvfp4_quantize_dequantize`. Not differentiable (raises under
+  ``jax.grad``: ``values`` is not in x's units).
+  """
+  x = _check(x, rounding, key, rand_bits)
+  ax = blockwise.normalize_axis(axis, x.ndim)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
+  xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
+  run = lambda xp, key: _nvfp4(
+      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
+      tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as), dequantize="blocks")
+  values, inv_s_enc = gradients.not_differentiable(
+      run, "nvfp4_quantize_dequantize_blocks",
+      "nvfp4_quantize_dequantize (straight-through)")(
+          xp, key if rounding == "stochastic" else None)
+  return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc

@@ -39,6 +39,14 @@ def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
           and spec.fmt in blockscale.MX_ELEMENT_FORMATS)
 
 
+def _check_key(spec: quantizer.QuantSpec, key) -> None:
+  if spec.needs_key and key is None:
+    raise ValueError("rounding='stochastic' needs a PRNG key")
+  if not spec.needs_key and key is not None:
+    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
+                     f"{spec.rounding!r}")
+
+
 def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
                         key: jax.Array | None = None,
                         use_kernel: bool | None = None, interpret: bool = False,
@@ -55,11 +63,7 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
   if (impl == "jnp" or (impl == "auto" and not on_accelerator)
       or not kernel_eligible(spec, jax.numpy.ndim(x))):
     return quantizer.quantize_dequantize(x, spec, key=key)
-  if spec.needs_key and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  if not spec.needs_key and key is not None:
-    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
-                     f"{spec.rounding!r}")
+  _check_key(spec, key)
   mode = dict(use_kernel=use_kernel, interpret=interpret, interpret_as=interpret_as)
   if spec.fmt == "nvfp4":
     kernel = lambda x, key: nvfp4_quantizers.nvfp4_quantize_dequantize(
@@ -70,3 +74,40 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
         x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
         key=key, rand_bits=spec.rand_bits, pad=spec.pad, **mode)
   return gradients.straight_through(kernel, jax.numpy.asarray(x), key)
+
+
+def splits_tensor_scale(spec: quantizer.QuantSpec) -> bool:
+  """Whether :func:`quantize_dequantize_split` returns ``spec``'s values apart from a
+  tensor scale: NVFP4 in Transformer Engine's convention (``te``)."""
+  return spec.fmt == "nvfp4" and spec.convention == "te"
+
+
+def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
+                              key: jax.Array | None = None,
+                              use_kernel: bool | None = None, interpret: bool = False,
+                              interpret_as: str = dispatch.GPU
+                              ) -> tuple[jax.Array, jax.Array | None]:
+  """``(values, tensor_scale)`` with ``values * tensor_scale`` equal bit for bit to
+  :func:`quantize_dequantize` ``(x, spec, key=key)``.
+
+  For NVFP4 (``te``, :func:`splits_tensor_scale`): the block-scaled values ``E2M1 *
+  S_dec`` (float32, exact in bfloat16) and ``1/S_enc``, by the fused kernel where it
+  applies (:func:`kernel_eligible`); for every other spec ``(quantize_dequantize(x,
+  spec), None)``. Not differentiable when the scale is split (raises under
+  ``jax.grad``); :mod:`numerics.qdot` calls it inside its custom VJP.
+  """
+  if not splits_tensor_scale(spec):
+    return quantize_dequantize(x, spec, key=key, use_kernel=use_kernel,
+                               interpret=interpret, interpret_as=interpret_as), None
+  _check_key(spec, key)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
+  on_accelerator = jax.default_backend() in ("gpu", "tpu")
+  stochastic = (dict(key=key, rand_bits=spec.rand_bits) if spec.needs_key else {})
+  if (impl == "jnp" or (impl == "auto" and not on_accelerator)
+      or not kernel_eligible(spec, jax.numpy.ndim(x))):
+    return blockscale.quantize_dequantize_nvfp4_blocks(
+        x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+        pad=spec.pad, **stochastic, **(dict(rng=spec.rng) if spec.needs_key else {}))
+  return nvfp4_quantizers.nvfp4_quantize_dequantize_blocks(
+      x, axis=spec.axis, rounding=spec.rounding, pad=spec.pad, use_kernel=use_kernel,
+      interpret=interpret, interpret_as=interpret_as, **stochastic)

@@ -227,6 +227,22 @@ def quantize_nvfp4(x: np.ndarray, *, axis: int = -1, rounding: str = "nearest",
   return back(codes), np.moveaxis(scale_codes, -1, axis), inv, back(deq)
 
 
+def nvfp4_block_values(codes: np.ndarray, scale_codes: np.ndarray, *,
+                       block_shape: tuple[int, ...] = (16,), axes: tuple[int, ...] = (-1,)
+                       ) -> np.ndarray:
+  """float32 ``element * S_dec`` of NVFP4 codes (the value before the tensor scale):
+  E2M1 and E4M3 decoded by ml_dtypes, each scale repeated over its block (1D blocks
+  along ``axes[0]`` or 2D tiles over ``axes``), the product in float64 (exact), NaN
+  where the scale code is E4M3's NaN (0x7F)."""
+  el = decode_codes(codes, "e2m1")
+  sc = np.asarray(scale_codes, np.uint8)
+  s = sc.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  bad = (sc & 0x7F) == 0x7F
+  for a, b in zip(axes, block_shape):
+    s, bad = np.repeat(s, b, axis=a), np.repeat(bad, b, axis=a)
+  return np.where(bad, np.nan, el * s).astype(np.float32)
+
+
 def quantize_nvfp4_torchao(x: np.ndarray, *, axis: int = -1, rounding: str = "nearest",
                            words: np.ndarray | None = None,
                            rand_bits: int | None = None, block: int = 16

@@ -311,6 +311,30 @@ def test_nvfp4_matches_te_reference(block_shape):
   _bits_equal(numerics.dequantize(q), want)
 
 
+@pytest.mark.parametrize("block_shape,axis,rounding", [
+    (None, -1, "nearest"), (None, 0, "stochastic"), ((16, 16), None, "nearest")])
+def test_nvfp4_block_values_decode_the_codes_and_complete_with_the_tensor_scale(
+    block_shape, axis, rounding):
+  x = np.asarray(jax.random.normal(jax.random.key(3), (48, 64))) * 5.0
+  x[3, :16] = 1e-30  # a block whose E4M3 scale is tiny
+  x[5, 7] = np.nan
+  kw = dict(block_shape=block_shape, axis=axis, rounding=rounding)
+  if rounding == "stochastic":
+    kw["key"] = jax.random.key(4)
+  values, inv = blockscale.quantize_dequantize_nvfp4_blocks(jnp.asarray(x), **kw)
+  q = numerics.quantize_nvfp4(jnp.asarray(x), **kw)
+  want = ref.nvfp4_block_values(np.asarray(q.codes), np.asarray(q.scales),
+                                block_shape=q.block_shape, axes=q.axes)
+  _bits_equal(values, want)
+  assert float(inv) == float(q.tensor_scale)
+  # exact in bfloat16, and completed by one float32 rounding by the tensor scale
+  _bits_equal(values.astype(jnp.bfloat16).astype(jnp.float32), want)
+  _bits_equal(values * inv, blockscale.quantize_dequantize_nvfp4(jnp.asarray(x), **kw))
+  with pytest.raises(TypeError, match="quantize_dequantize_nvfp4_blocks has no gradient"):
+    jax.grad(lambda x: jnp.sum(blockscale.quantize_dequantize_nvfp4_blocks(x)[0]))(
+        jnp.ones((4, 16)))
+
+
 def test_nvfp4_float32_subnormal_inputs_follow_the_spec():
   """Regression: XLA:CPU treated subnormal inputs of ``x * enc`` and
   ``block_amax * S_enc/6`` as zero, zeroing NVFP4 codes and scales the spec's float32

@@ -6,7 +6,8 @@ signs): dequantized MX operands then have few significant bits and every partial
 is exact in float32. The recipes with float32 tensor scales (fp8, nvfp4) make
 dequantized values arbitrary floats, so there the GEMM is compared to a relative
 1e-5 (a wrong quantizer is off by ~10%); their quantizers are bit-exact in
-test_blockscale and test_fake_quant.
+test_blockscale and test_fake_quant. NVFP4 GEMMs apply the tensor scales to their
+output, which bounded data check bit for bit against decoded codes.
 """
 
 import chex
@@ -21,6 +22,7 @@ from numerics import operator_snr
 from numerics import outlier_data
 from numerics import qdot
 from numerics import recipes
+from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
 BF = jnp.bfloat16
@@ -141,6 +143,37 @@ def test_nvfp4_by_hand():
   xh = numerics.random_hadamard(x, key=kw[0], block_shape=16, axis=0)
   gh = numerics.random_hadamard(g, key=kw[0], block_shape=16, axis=0)
   _close(dw, _mm32(nv(xh, axis=0).T, nv(gh, axis=0, rounding="stochastic", key=kw[2])))
+
+
+def test_nvfp4_gemms_apply_the_tensor_scales_to_the_output():
+  """NVFP4 GEMMs multiply block-scaled values (E2M1 x E4M3) and scale the float32
+  output by both tensor scales, as NVFP4 tensor cores do. Bounded data keep every
+  partial sum of those values exact, so the reference is the exact product of the
+  decoded codes (ml_dtypes), rounded to float32, times ``float32(s_x * s_w)``."""
+  x, w, g = _bounded()
+  key = jax.random.key(12)
+  out, dx, _ = _run("nvfp4", x, w, g, key)
+
+  def blocks(a, **kw):
+    q = numerics.quantize_nvfp4(a, **kw)
+    v = ref.nvfp4_block_values(np.asarray(q.codes), np.asarray(q.scales),
+                               block_shape=q.block_shape, axes=q.axes)
+    return v.astype(np.float64), np.float32(q.tensor_scale)
+
+  def epilogue(a, b):
+    (va, sa), (vb, sb) = a, b
+    return (va @ vb).astype(np.float32) * np.float32(sa * sb)
+
+  xq, wq = blocks(x, axis=-1), blocks(w, block_shape=(16, 16))
+  want = epilogue(xq, wq)
+  np.testing.assert_array_equal(np.asarray(out), want)
+  kd = _keys(key, 1)
+  gq = blocks(g, axis=-1, rounding="stochastic", key=kd[1])
+  np.testing.assert_array_equal(np.asarray(dx), epilogue(gq, (wq[0].T, wq[1])))
+  # The GEMM of the fully dequantized operands rounds each operand by its tensor scale
+  # first: other bits on this data.
+  full = lambda v: (v[0] * v[1]).astype(np.float32).astype(np.float64)
+  assert np.any((full(xq) @ full(wq)).astype(np.float32) != want)
 
 
 def test_fp8_tensorwise_by_hand():

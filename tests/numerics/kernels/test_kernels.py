@@ -213,6 +213,30 @@ def test_nvfp4_quantize_dequantize_matches_numpy_reference(axis, rounding, shape
   _assert_same_floats(got, want)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("axis,rounding,shape", [(-1, "nearest", (40, 96)),
+                                                 (-2, "stochastic", (2, 48, 40))])
+def test_nvfp4_quantize_dequantize_blocks_matches_numpy_reference(axis, rounding, shape,
+                                                                  variant):
+  if variant == dispatch.TPU and axis == -1:
+    pytest.skip("TPU tiling: one case suffices")
+  x = _data(shape, seed=12)
+  key = jax.random.key(13)
+  gpu_tile = (16, 32) if axis == -1 else (32, 16)
+  values, inv = kernels.nvfp4_quantize_dequantize_blocks(
+      x, axis=axis, rounding=rounding, **_sr(rounding, key),
+      tile=tile(variant, gpu_tile, (32, shape[-1])), **mode(variant))
+  words = hash_words_np(key, shape) if rounding == "stochastic" else None
+  codes, scales, want_inv, deq = ref.quantize_nvfp4(np.asarray(x), axis=axis,
+                                                    rounding=rounding, words=words)
+  _assert_same_floats(values, ref.nvfp4_block_values(codes, scales, axes=(axis,)))
+  assert float(inv) == float(want_inv)
+  _assert_same_floats(values * inv, deq)  # the tensor scale completes the dequantization
+  with pytest.raises(TypeError, match="nvfp4_quantize_dequantize_blocks has no gradient"):
+    jax.grad(lambda x: jnp.sum(kernels.nvfp4_quantize_dequantize_blocks(
+        x, axis=axis, **mode(variant))[0]))(jnp.ones((32, 32)))
+
+
 # ----------------------------------------------------------------------------- matmul
 
 

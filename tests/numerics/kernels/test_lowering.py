@@ -20,7 +20,8 @@ def test_kernel_lowers(name, platform):
 def test_cases_cover_every_kernel_and_production_shapes():
   names = " ".join(lowering.CASES)
   for kernel in ("mx_quantize ", "nvfp4_quantize ", "mx_quantize_dequantize ",
-                 "nvfp4_quantize_dequantize ", "mx_matmul "):
+                 "nvfp4_quantize_dequantize ", "nvfp4_quantize_dequantize_blocks ",
+                 "mx_matmul "):
     assert kernel in names
   assert lowering.QUANTIZE_SHAPE == (8192, 4096) and lowering.MATMUL_SIZE == 4096
 
