@@ -17,10 +17,10 @@ from experiments.common.tensorboard_reader import read_hparams_session, read_sca
 from launch.report import build_report
 
 # experiments/<these> : every sweep report built under the evidence rules
-REPORTS = ("lm/report", "alto/report", "fair_cast/report", "looped_rl/report",
-           "kv_cache/report", "optimizer_state/report", "qlora/report", "stale_sampler/report",
-           "mxfp8_rl/report", "mxfp8_rl/report_faults", "temperon/report",
-           "memoir/report", "memoir/report/long")
+REPORTS = ("lm/report", "alto/report", "alto/report_negative", "fair_cast/report",
+           "looped_rl/report", "kv_cache/report", "optimizer_state/report", "qlora/report",
+           "stale_sampler/report", "mxfp8_rl/report", "mxfp8_rl/report_faults",
+           "temperon/report", "memoir/report", "memoir/report/long")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
