@@ -70,8 +70,12 @@ def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[i
   """(statistics cell, verdict) of one declared claim (see
   :class:`experiments.common.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value."""
   d = paired_difference(arm, baseline)
+  # Seeds where the arm is better in the metric's own direction (a lower loss is a
+  # win), not merely seeds with a positive difference.
+  sign = 1.0 if higher_is_better else -1.0
+  better = sum(sign * (arm[s] - baseline[s]) > 0 for s in arm if s in baseline)
   stats_cell = (f"{_fmt(d.mean)} [{_fmt(d.ci_low)}, {_fmt(d.ci_high)}], n = {d.n}, "
-                f"wins {d.wins}/{d.n}")
+                f"arm better on {better}/{d.n}")
   if d.n < 2:
     return stats_cell, f"not decided ({d.n} paired seeds)"
   if claim["kind"] == "equivalent":
@@ -118,7 +122,9 @@ def claims_table(info: dict[str, Any], values_of) -> list[str]:
            "and 95% t-interval; *better*/*worse* claims are held when the interval "
            "excludes 0 on the claimed side, *equivalent* claims by a paired TOST at "
            f"level 0.05 with the stated margin{not_better}. With few seeds, *not decided* "
-           "means the sweep lacked the power, not that the claim failed.", "",
+           "means the sweep lacked the power, not that the claim failed. *Arm better on "
+           "k/n*: the seeds where the arm beats the baseline in the metric's direction "
+           "(lower is better for a loss or a cost).", "",
            "| claim | comparison | paired difference | verdict |", "|---|---|---|---|"]
   for c in claims:
     cell, verdict = claim_verdict(c, values_of(c["arm"], c["metric"]),

@@ -99,3 +99,15 @@ def test_not_better_claim_by_hand():
   # lower is better: the gain is base - arm, so a lower arm is the "opposite"
   assert claim_verdict({"kind": "not_better", "margin": 0.02},
                        {s: 0.4 - 0.01 * s for s in range(4)}, base, False)[1] == "opposite"
+
+
+def test_claim_counts_seeds_where_the_arm_is_better_in_the_metrics_direction():
+  """Regression: the count was of positive differences, so an arm with a lower loss
+  (or cost) on every seed read 'wins 0/n'."""
+  from launch.report import claim_verdict
+  claim = {"kind": "better", "margin": None}
+  arm, base = {0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.5, 1: 2.5, 2: 2.9}
+  cell, _ = claim_verdict(claim, arm, base, higher_is_better=False)
+  assert "arm better on 2/3" in cell
+  cell, _ = claim_verdict(claim, arm, base, higher_is_better=True)
+  assert "arm better on 1/3" in cell
