@@ -287,17 +287,22 @@ def fault_table(sweep_dir: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def calibrated_defaults(sweep_dir: str) -> str:
-  """Markdown: per library default, the value these runs used, the one the gate rule
-  gives from their clean runs, and the library's value when the report was built."""
+def _library_gates():
+  """The library's gates when the report is built: (``MXFP8RLConfig()``, the MXFP8
+  same-recipe and the bf16 x MXFP8 cross-recipe entries of ``PARITY_TOLERANCES``)."""
   # Imported here: the experiment module pulls in the model stack, which the rest of
   # the appendix does not need.
   from experiments.mxfp8_rl.experiment import MXFP8RLConfig  # pylint: disable=import-outside-toplevel
+  table = parity_tolerances.PARITY_TOLERANCES
+  return MXFP8RLConfig(), table[("mxfp8", "mxfp8")], table[("bf16", "mxfp8")]
+
+
+def calibrated_defaults(sweep_dir: str) -> str:
+  """Markdown: per library default, the value these runs used, the one the gate rule
+  gives from their clean runs, and the library's value when the report was built."""
   cal = calibration(sweep_dir)
   get = lambda stat, cls: cal[(stat, cls)]
-  config = MXFP8RLConfig()
-  same = parity_tolerances.PARITY_TOLERANCES[("mxfp8", "mxfp8")]
-  cross = parity_tolerances.PARITY_TOLERANCES[("bf16", "mxfp8")]
+  config, same, cross = _library_gates()
   rows = [("`MXFP8RLConfig.cross_k3_tolerance`", get("parity_k3", "cross"),
            config.cross_k3_tolerance),
           ("`MXFP8RLConfig.cross_max_dlogp_tolerance`",
@@ -381,9 +386,7 @@ def clean_checks_table(sweep_dir: str) -> str:
            "| arm | syncs | fired | max probe k3 | max probe max abs Δlogp | "
            "max padding change | over the library's gates now (k3 / Δlogp / padding) |",
            "|---|---|---|---|---|---|---|"]
-  from experiments.mxfp8_rl.experiment import MXFP8RLConfig  # pylint: disable=import-outside-toplevel
-  config = MXFP8RLConfig()
-  exact = parity_tolerances.PARITY_TOLERANCES[("mxfp8", "mxfp8")]
+  config, exact, _ = _library_gates()
   for arm in [a["name"] for a in info["arms"]]:
     seeds = runs.get(arm, {})
     if not seeds:
