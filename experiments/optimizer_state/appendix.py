@@ -1,4 +1,4 @@
-"""The optimizer_state sweep's report appendix, computed from the runs' events.
+"""The optimizer_state sweep's report appendix, from the runs' events and results.
 
 * per arm: final validation loss, the paired gap to its own model's fp32-moment arm
   (95% t-interval), the state's measured bytes per parameter, and the worst values
@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from experiments.common.stats import format_spread, paired_difference
-from experiments.common.sweep_data import completed_curves, read_sweep_info
+from experiments.common.sweep_data import (completed_curves, evaluation_metrics,
+                                          read_sweep_info)
 
 LOSS = "eval/loss"
 _OPTIM = "train/optim/"
@@ -53,6 +54,9 @@ def optimizer_state_appendix(sweep_dir: str) -> str:
   info, runs = completed_curves(sweep_dir, complete_tag=LOSS,
                                 complete_len=_evaluations(read_sweep_info(sweep_dir)))
   arms = [a["name"] for a in info["arms"]]
+  # Final values from each run's results row, which event thinning leaves whole (the
+  # byte counts are read from there).
+  finals = evaluation_metrics(sweep_dir)[1]
   lines = ["", "## Every moment format", "",
            f"Completed runs; mean ± sample std over seeds. *gap*: final `{LOSS}` minus "
            "the same model's `fp32` arm, paired by seed, mean and 95% t-interval (* "
@@ -74,7 +78,8 @@ def optimizer_state_appendix(sweep_dir: str) -> str:
     loss = _final(curves, LOSS)
     base = _final(runs.get(f"{model}_fp32", {}), LOSS)
     gap = "(baseline)" if arm == f"{model}_fp32" else _interval(loss, base)
-    bpp = format_spread(list(_final(curves, _OPTIM + "state_bytes_per_param").values()), 3)
+    bpp = format_spread([finals[arm][seed][_OPTIM + "state_bytes_per_param"]
+                         for seed in curves], 3)
     zero = format_spread(_worst(curves, _OPTIM + "nu_zero_frac"), 4)
     ratio = format_spread(_worst(curves, _OPTIM + "max_update_ratio"), 1)
     lines.append(f"| `{arm}` | {len(curves)} | {format_spread(list(loss.values()))} | "
@@ -91,9 +96,9 @@ def optimizer_state_appendix(sweep_dir: str) -> str:
     curves = runs.get(arm, {})
     if not curves:
       continue
-    first = curves[min(curves)]
-    weights = first[_OPTIM + "param_bytes"][-1][1]
-    state = first[_OPTIM + "state_bytes"][-1][1]
+    first = finals[arm][min(curves)]
+    weights = first[_OPTIM + "param_bytes"]
+    state = first[_OPTIM + "state_bytes"]
     total = 2 * weights + state
     lines.append(f"| `{arm}` | {weights / 4 / 1e6:.3f} M | {weights / 1e6:.3f} | "
                  f"{weights / 1e6:.3f} | {state / 1e6:.3f} | {state / total:.1%} |")

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.common.results import read_results
+from experiments.common.results import append_result, read_results
 from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
@@ -119,6 +119,13 @@ def test_appendix_from_planted_curves(tmp_path):
                                "train/optim/nu_zero_frac": 0.25 * s / n if broken else 0.0,
                                "train/optim/max_update_ratio": 1.0})
     writer.close()
+    # The run's final metrics, as its results row records them (the byte counts are
+    # read from the rows, which event thinning leaves whole).
+    append_result(str(tmp_path / "results.jsonl"), {
+        "run_name": r.run_name, "completed": True,
+        "metrics": {"train/optim/state_bytes_per_param": 1.0 if broken else 8.0,
+                    "train/optim/state_bytes": 1e6 if broken else 8e6,
+                    "train/optim/param_bytes": 4e6}})
   text = appendix.optimizer_state_appendix(str(tmp_path))
   rows = {}
   for line in text.splitlines():
