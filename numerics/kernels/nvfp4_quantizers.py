@@ -138,6 +138,21 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
       scale_rule="nvfp4")
 
 
+def _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret, use_kernel,
+                    interpret_as, *, dequantize):
+  """(checked x, x padded along the blocked axis, ``run(xp, key)`` returning
+  ``_nvfp4``'s (output, 1/S_enc)) of the fused fake quantizers."""
+  x = _check(x, rounding, key, rand_bits)
+  ax = blockwise.normalize_axis(axis, x.ndim)
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
+  xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
+  run = lambda xp, key: _nvfp4(
+      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
+      tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as), dequantize=dequantize)
+  return x, xp, run
+
+
 def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
                               rounding: str = "nearest", key: jax.Array | None = None,
                               rand_bits: int | None = None, pad: bool = False,
@@ -156,15 +171,10 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
 
   Gradient: straight-through (:mod:`numerics.gradients`).
   """
-  x = _check(x, rounding, key, rand_bits)
-  ax = blockwise.normalize_axis(axis, x.ndim)
-  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
-  xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
-  run = lambda xp, key: _nvfp4(
-      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
-      tile=None if tile is None else tuple(tile), impl=impl,
-      interpret_as=dispatch.check_variant(interpret_as), dequantize=True)[0]
-  out = gradients.straight_through(run, xp, key if rounding == "stochastic" else None)
+  x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
+                               use_kernel, interpret_as, dequantize=True)
+  out = gradients.straight_through(lambda xp, key: run(xp, key)[0], xp,
+                                   key if rounding == "stochastic" else None)
   return out[tuple(slice(0, d) for d in x.shape)]
 
 
@@ -188,14 +198,8 @@ def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
   Args: as :func:`nvfp4_quantize_dequantize`. Not differentiable (raises under
   ``jax.grad``: ``values`` is not in x's units).
   """
-  x = _check(x, rounding, key, rand_bits)
-  ax = blockwise.normalize_axis(axis, x.ndim)
-  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
-  xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
-  run = lambda xp, key: _nvfp4(
-      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
-      tile=None if tile is None else tuple(tile), impl=impl,
-      interpret_as=dispatch.check_variant(interpret_as), dequantize="blocks")
+  x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
+                               use_kernel, interpret_as, dequantize="blocks")
   values, inv_s_enc = gradients.not_differentiable(
       run, "nvfp4_quantize_dequantize_blocks",
       "nvfp4_quantize_dequantize (straight-through)")(
