@@ -24,9 +24,10 @@ NVFP4 operand (``te`` convention) enters as its block-scaled values ``E2M1 * S_d
 output: ``acc * (s_lhs * s_rhs)`` with both NVFP4, as NVFP4 tensor cores take the
 tensor scales (Transformer Engine's cuBLASLt ``alpha``). This is not bit for bit the
 GEMM of the fully dequantized operands (each rounded once by its tensor scale), whose
-result differs in the last float32 bits. The output takes ``preferred_element_type`` if given, else lhs's dtype. A recipe that
-quantizes nothing is exactly a plain ``lax.dot_general`` of operands cast to the
-compute dtype (``fp32`` at ``Precision.HIGHEST`` unless ``precision`` is given).
+result differs in the last float32 bits. The output takes ``preferred_element_type``
+if given, else lhs's dtype. A recipe that quantizes nothing is exactly a plain
+``lax.dot_general`` of operands cast to the compute dtype (``fp32`` at
+``Precision.HIGHEST`` unless ``precision`` is given).
 
 State and telemetry (:func:`quantized_dot_general_with_state`): a recipe with
 delayed-scaling operands (:mod:`numerics.delayed_scaling`) keeps an amax history per
@@ -90,10 +91,10 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   The operand times its tensor scale (where not None) is the fake-quantized value:
   NVFP4 operands come as block-scaled values (exact in bfloat16) and ``1/S_enc``
   (:func:`numerics.kernels.quantize_dequantize_split`), and the GEMM applies the scale
-  to its output. ``x`` in float32 when ``op`` is None. Still multiplied by ``op.prescale``: the GEMM
-  divides the prescales out of its output, so the operands it multiplies stay exact
-  quantized values. ``delayed`` is the operand's state for ``scaling="delayed"``, whose
-  amax is returned for the state update.
+  to its output. ``x`` in float32 when ``op`` is None. Still multiplied by
+  ``op.prescale``: the GEMM divides the prescales out of its output, so the operands
+  it multiplies stay exact quantized values. ``delayed`` is the operand's state for
+  ``scaling="delayed"``, whose amax is returned for the state update.
   """
   x = x.astype(jnp.float32)
   if op is None:
