@@ -1,10 +1,13 @@
-"""Memoir experiment end to end (tiny), the sweep declaration and the report statistics."""
+"""Memoir experiment end to end (tiny), the sweep declaration, the schedule of a short
+budget and the per-step recall table of the appendix."""
 
 import dataclasses
 import json
 import math
 import os
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.memoir import experiment as memoir
@@ -71,10 +74,22 @@ def test_a_budget_that_stops_the_schedule_early_is_the_longer_runs_prefix(tmp_pa
   a, b = read_scalars(str(tmp_path / "long")), read_scalars(str(tmp_path / "short"))
   for tag in ("train/loss", "eval/recall", "eval/energy_margin"):
     assert b[tag] == [(s, v) for s, v in a[tag] if s <= 4], tag
-  # Its own schedule (warm-up and decay over 4 steps) is another trajectory.
-  own = dataclasses.replace(short, schedule_steps=0)
-  memoir.train_and_evaluate(own, RunOptions(workdir=str(tmp_path / "own")))
-  assert read_scalars(str(tmp_path / "own"))["train/loss"][1:] != b["train/loss"][1:]
+  # Its own schedule (warm-up and decay over 4 steps) would be another trajectory: the
+  # same gradients give other updates.
+  params = {"w": jnp.ones(3)}
+  grads = {"w": jnp.asarray([0.5, -1.0, 2.0])}
+
+  def updates(config):
+    opt = memoir.make_optimizer(config)
+    state, out = opt.init(params), []
+    for _ in range(4):
+      u, state = opt.update(grads, state, params)
+      out.append(np.asarray(u["w"]))
+    return np.stack(out)
+
+  np.testing.assert_array_equal(updates(short), updates(long))
+  assert not np.array_equal(updates(dataclasses.replace(short, schedule_steps=0)),
+                            updates(long))
 
 
 def test_schedule_shorter_than_the_run_raises():
@@ -87,3 +102,31 @@ def test_no_write_arm_runs_and_writes_nothing(tmp_path):
   summary = memoir.train_and_evaluate(config, RunOptions(workdir=str(tmp_path / "nw")))
   assert summary["completed"]
   assert read_scalars(str(tmp_path / "nw"))["eval/memory_drift"][-1][1] == 0.0
+
+
+def test_recall_by_step_table_from_planted_curves(tmp_path):
+  from experiments.common.tensorboard_writer import MetricWriter
+  from experiments.memoir import appendix
+  from launch.manifest import expand, write_manifest
+  short = registry.get("memoir")
+  sweep = dataclasses.replace(short, seeds=(0, 1, 2),
+                              base=dataclasses.replace(short.base, num_steps=80))
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  lead = {"coupled": 0.0, "read_only": 0.1, "no_write": -0.05}
+  for r in runs:
+    if r.seed == 2 and r.arm == "no_write":
+      continue  # a run that never wrote events: left out of its arm and of its pairs
+    writer = MetricWriter(r.workdir)
+    for step in (0, 40, 80):
+      writer.write_scalars(step, {"eval/recall": 0.1 * r.seed + step / 100
+                                  + (lead[r.arm] if step else 0.0)})
+    writer.close()
+  lines = appendix.recall_by_step_section(str(tmp_path))
+  rows = {int(l.split("|")[1]): [c.strip() for c in l.split("|")[2:-1]]
+          for l in lines if l.startswith("| 40") or l.startswith("| 80")}
+  # coupled mean at 40: 0.4 + mean(0, 0.1, 0.2); read_only +0.1 on every seed
+  assert rows[40][:2] == ["0.5000", "0.6000"]
+  assert rows[40][2] == "0.4000"  # no_write: seeds 0 and 1 only (0.35, 0.45)
+  assert rows[80][3] == "+0.1000 [+0.1000, +0.1000], 3/3"
+  assert rows[80][4].startswith("-0.0500") and rows[80][4].endswith("0/2")
