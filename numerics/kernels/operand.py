@@ -47,6 +47,16 @@ def _check_key(spec: quantizer.QuantSpec, key) -> None:
                      f"{spec.rounding!r}")
 
 
+def _runs_kernel(x, spec: quantizer.QuantSpec, use_kernel: bool | None, interpret: bool,
+                 interpret_as: str) -> bool:
+  """Whether ``spec`` on ``x`` goes to a fused kernel: the dispatch rule picks Pallas
+  (by default on GPU/TPU hosts) and :func:`kernel_eligible` holds."""
+  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
+  on_accelerator = jax.default_backend() in ("gpu", "tpu")
+  return (impl != "jnp" and (impl != "auto" or on_accelerator)
+          and kernel_eligible(spec, jax.numpy.ndim(x)))
+
+
 def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
                         key: jax.Array | None = None,
                         use_kernel: bool | None = None, interpret: bool = False,
@@ -58,10 +68,7 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
   straight-through, as :func:`numerics.quantizer.quantize_dequantize`. ``use_kernel``, ``interpret``,
   ``interpret_as``: as :func:`numerics.kernels.mx_quantize`.
   """
-  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
-  on_accelerator = jax.default_backend() in ("gpu", "tpu")
-  if (impl == "jnp" or (impl == "auto" and not on_accelerator)
-      or not kernel_eligible(spec, jax.numpy.ndim(x))):
+  if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return quantizer.quantize_dequantize(x, spec, key=key)
   _check_key(spec, key)
   mode = dict(use_kernel=use_kernel, interpret=interpret, interpret_as=interpret_as)
@@ -100,11 +107,8 @@ def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
     return quantize_dequantize(x, spec, key=key, use_kernel=use_kernel,
                                interpret=interpret, interpret_as=interpret_as), None
   _check_key(spec, key)
-  impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as)
-  on_accelerator = jax.default_backend() in ("gpu", "tpu")
   stochastic = (dict(key=key, rand_bits=spec.rand_bits) if spec.needs_key else {})
-  if (impl == "jnp" or (impl == "auto" and not on_accelerator)
-      or not kernel_eligible(spec, jax.numpy.ndim(x))):
+  if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return blockscale.quantize_dequantize_nvfp4_blocks(
         x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
         pad=spec.pad, **stochastic, **(dict(rng=spec.rng) if spec.needs_key else {}))
