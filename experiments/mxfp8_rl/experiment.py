@@ -57,6 +57,8 @@ from numerics.rl import parity_tolerances
 from numerics.rl import serving
 from numerics.rl import weight_sync
 
+_MXFP8_CROSS = parity_tolerances.PARITY_TOLERANCES[("bf16", "mxfp8")]
+
 EXPERIMENT = "mxfp8_rl"
 RECIPES = ("bf16", "mxfp8")
 MAX_LEN = MX_BLOCK
@@ -94,7 +96,8 @@ class MXFP8RLConfig(rl_config.RLConfig):
       "list is the fused-name failure the layer-plan check catches.")
   probe_problems: int = config_field(16, "Problems in the fixed parity probe batch.",
                                      domain="[1, inf)")
-  # The three gates below: the declared rule of the mxfp8_rl_faults sweep (2 x the
+  # The three gates below (the cross-recipe ones are PARITY_TOLERANCES' bf16 x MXFP8
+  # entry, one calibration): the declared rule of the mxfp8_rl_faults sweep (2 x the
   # largest clean value, rounded up to one significant digit) applied to the clean
   # syncs of both committed sweeps (mxfp8_rl_faults: 64 updates, seeds 11-14;
   # mxfp8_rl: 128 updates, seeds 1-4). From the faults sweep alone the rule gave 0.1 /
@@ -106,10 +109,10 @@ class MXFP8RLConfig(rl_config.RLConfig):
       "GEMMs with another accumulation order; clean runs moved a logit by up to 0.31.",
       domain="[0, inf)")
   cross_k3_tolerance: float = config_field(
-      0.5, "Parity check: largest probe k3 between different recipes (clean runs of a "
+      _MXFP8_CROSS.k3, "Parity check: largest probe k3 between different recipes (clean runs of a "
       "trained model reached 0.24).", domain="(0, inf)")
   cross_max_dlogp_tolerance: float = config_field(
-      20.0, "Parity check: largest probe max |delta logp| between different recipes "
+      _MXFP8_CROSS.max_abs_delta_logp, "Parity check: largest probe max |delta logp| between different recipes "
       "(clean runs reached 6.3).", domain="(0, inf)")
 
   sync_checks: str = config_field(
