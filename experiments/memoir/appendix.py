@@ -105,8 +105,9 @@ def recall_by_step_section(sweep_dir: str, baseline: str = "coupled",
   On a run whose budget stops its schedule early, the row at step ``s`` is what a
   budget of ``s`` steps on that schedule would give (the trajectory is the same).
   """
-  info, curves = completed_curves(sweep_dir, complete_tag=METRIC,
-                                  complete_step=info_steps(sweep_dir))
+  # A run is complete when it evaluated at the sweep's last step.
+  num_steps = int(read_sweep_info(sweep_dir)["base"]["num_steps"])
+  info, curves = completed_curves(sweep_dir, complete_tag=METRIC, complete_step=num_steps)
   arms = [baseline] + [a["name"] for a in info["arms"] if a["name"] != baseline]
   by_arm: dict[str, dict[int, dict[int, float]]] = {}  # arm -> step -> seed -> recall
   for arm in arms:
@@ -136,11 +137,6 @@ def recall_by_step_section(sweep_dir: str, baseline: str = "coupled",
                    if d.n >= 2 else "n/a")
     lines.append(f"| {step} | " + " | ".join(means) + " | " + " | ".join(diffs) + " |")
   return lines + [""]
-
-
-def info_steps(sweep_dir: str) -> int:
-  """The sweep's ``num_steps`` (its runs are complete when they evaluated there)."""
-  return int(read_sweep_info(sweep_dir)["base"]["num_steps"])
 
 
 def energy_section(sweep_dir: str, long_sweep_dir: str, confidence: float = 0.95
