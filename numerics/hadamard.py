@@ -23,6 +23,7 @@ import functools
 import math
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
@@ -82,7 +83,13 @@ def apply_blockwise(x: jax.Array, r: jax.Array, axis: int) -> jax.Array:
   rest = xm.shape[1:]
   # Explicit sizes: a -1 cannot be inferred when the array is empty.
   xb = xm.reshape(n // block, block, math.prod(rest))
-  y = jnp.einsum("ij,njk->nik", r, xb, precision=jax.lax.Precision.HIGHEST)
+  # One small GEMM per block, batched: on the CPU about 3.5x faster than one GEMM of r
+  # against all blocks (whose output needs a transpose), and unlike a sum of products
+  # (as fast alone) XLA cannot fuse the producer of x into it: it did, recomputing
+  # a whole GEMM once per term.
+  rb = jnp.broadcast_to(jnp.asarray(r, jnp.float32), (n // block, block, block))
+  y = lax.dot_general(rb, xb, (((2,), (1,)), ((0,), (0,))),
+                      precision=lax.Precision.HIGHEST)
   return jnp.moveaxis(y.reshape((n,) + rest), 0, axis).astype(x.dtype)
 
 

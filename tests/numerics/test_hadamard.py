@@ -45,6 +45,24 @@ def test_blockwise_application_matches_matrix():
   np.testing.assert_allclose(np.asarray(y), want.T, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,axis,block", [((64, 48), 0, 16), ((3, 64, 8), 1, 32),
+                                               ((2, 3, 64), -1, 16), ((64,), 0, 32),
+                                               ((4, 32, 0), 1, 16)])
+def test_blockwise_every_axis_matches_float64_reference(shape, axis, block):
+  # Leading, middle and last axes take different code paths (batched small GEMMs
+  # vs one transposed GEMM); each must be R applied to every block along ``axis``.
+  key = jax.random.key(2)
+  x = np.asarray(jax.random.normal(jax.random.key(3), shape), np.float64)
+  r = np.asarray(hadamard.random_hadamard_matrix(block, key=key), np.float64)
+  xm = np.moveaxis(x, axis, -1)
+  blocks = xm.reshape(xm.shape[:-1] + (xm.shape[-1] // block, block))
+  want = np.moveaxis((blocks @ r.T).reshape(xm.shape), -1, axis)
+  got = numerics.random_hadamard(jnp.asarray(x, jnp.float32), key=key, axis=axis,
+                                 block_shape=block)
+  assert got.shape == x.shape
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=2e-6, rtol=1e-6)
+
+
 def test_inverse_and_wgrad_invariance():
   key = jax.random.key(5)
   a = jax.random.normal(jax.random.key(6), (128, 16))
