@@ -1075,6 +1075,32 @@ def _e2m1_rne_magnitude(m: jax.Array) -> jax.Array:
   return jnp.minimum((m + c) - c, np.float32(6.0))
 
 
+def _e2m1_sr_magnitude(m: jax.Array, words: jax.Array, rand_bits: int | None
+                       ) -> jax.Array:
+  """float32 E2M1 value (0 .. 6) of float32 ``m >= 0`` rounded stochastically.
+
+  Equal bit for bit to :func:`numerics.rounding.round_magnitude` on E2M1's grid (then
+  saturated at 6), but in float arithmetic: with quantum ``q`` (0.5 below 2, 1 below
+  4, 2 above), ``t = m / q`` and its fraction ``t - floor(t)`` are exact, and the
+  reference rounds away from zero exactly when the fraction's top ``r`` bits plus the
+  word's top ``r`` bits carry out of ``r`` bits (``r = rand_bits``, 32 when None; a
+  fraction with fewer bits is padded with zeros, which cannot change the carry). That
+  is the carry of the fraction's top 32 bits plus the word with its low ``32 - r``
+  bits cleared: the fraction's bits below ``r`` are too few to carry on their own.
+  """
+  inv_q = jnp.where(m < np.float32(2.0), np.float32(2.0),
+                    jnp.where(m < np.float32(4.0), np.float32(1.0), np.float32(0.5)))
+  t = m * inv_q
+  k = jnp.floor(t)
+  # The fraction's top 32 bits; exact below 2^32, and an Inf m gives NaN here, which
+  # only decides whether Inf + 1 saturates to 6.
+  frac = ((t - k) * np.float32(2.0 ** 32)).astype(jnp.uint32)
+  if rand_bits is not None and rand_bits < 32:
+    words = words & np.uint32((0xFFFFFFFF << (32 - rand_bits)) & 0xFFFFFFFF)
+  away = words > ~frac  # frac + words >= 2^32
+  return jnp.minimum((k + away.astype(jnp.float32)) / inv_q, np.float32(6.0))
+
+
 def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
   """uint32 E2M1 magnitude code (0..7) of the float32 bits of an E2M1 value >= 0."""
   e = bits >> 23  # 0.5 -> 126, 1 -> 127, ..., 6 -> 129
@@ -1132,6 +1158,9 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   scaled = jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
   if rounding == "nearest":
     elem = _e2m1_rne_magnitude(scaled)
+    elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
+  elif rounding == "stochastic":
+    elem = _e2m1_sr_magnitude(scaled, words.reshape(bshape), rand_bits)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
   else:
     elem_bits = _round_elements(lax.bitcast_convert_type(scaled, jnp.uint32), _U(0),

@@ -252,3 +252,35 @@ def test_e2m1_rne_by_float_adds_matches_ml_dtypes():
   got = np.asarray(jax.jit(blockscale._e2m1_rne_magnitude)(jnp.asarray(m)))
   want = np.minimum(m, np.float32(6.0)).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("rand_bits", [None, 1, 3, 8, 23, 24, 25, 31, 32])
+def test_e2m1_stochastic_rounding_in_floats_matches_numpy_reference(rand_bits):
+  """The fast path's float-arithmetic E2M1 SR against the NumPy grid reference
+  (``mx_reference.round_to_grid``) on every float32 within 64 ulps of each grid point,
+  tie and binade edge, a dense sweep of [0, 16], tiny, subnormal and huge values, each
+  with random words and the words that decide a carry (0, 1, 2^31 - 1, 2^31,
+  2^32 - 1 and the complement of the fraction's bits)."""
+  anchors = np.concatenate([_E2M1_TIES, [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0,
+                                         2.0**-20, 2.0**23, 2.0**24, 2.0**25]])
+  bits = anchors.astype(np.float32).view(np.int32)[:, None] + np.arange(-64, 65)
+  m = np.concatenate([bits.ravel().view(np.float32),
+                      np.linspace(0, 16, 20_001, dtype=np.float32),
+                      np.float32([0.0, 1e-40, 2.0**-126, 1e-30, 1e30,
+                                  np.finfo(np.float32).max])])
+  rng = np.random.default_rng(0 if rand_bits is None else rand_bits)
+  t = m.astype(np.float64) / np.where(m < 2, 0.5, np.where(m < 4, 1.0, 2.0))
+  frac_bits = np.floor((t - np.floor(t)) * 2.0**32).astype(np.uint64).astype(np.uint32)
+  word_sets = [rng.integers(0, 2**32, m.shape, dtype=np.uint64).astype(np.uint32)
+               for _ in range(3)]
+  word_sets += [np.full(m.shape, w, np.uint32) for w in (0, 1, 2**31 - 1, 2**31,
+                                                          2**32 - 1)]
+  word_sets += [~frac_bits, ~frac_bits + np.uint32(1)]
+  fast = jax.jit(blockscale._e2m1_sr_magnitude, static_argnums=2)
+  for words in word_sets:
+    want = ref.round_to_grid(m, "e2m1", "stochastic", words=words, rand_bits=rand_bits)
+    got = np.asarray(fast(jnp.asarray(m), jnp.asarray(words), rand_bits))
+    np.testing.assert_array_equal(got.view(np.uint32),
+                                  want.astype(np.float32).view(np.uint32))
+  inf = fast(jnp.float32([np.inf, np.inf]), jnp.uint32([0, 2**32 - 1]), rand_bits)
+  np.testing.assert_array_equal(np.asarray(inf), [6.0, 6.0])
