@@ -16,9 +16,10 @@
    one read, one write) -- the metric of ``experiments.benchmarks.numerics_throughput``.
 
 The timed functions of a part are called in turn, ``--repeats`` rounds, after a
-warm-up; each keeps its fastest call, and every figure is a ratio to a baseline timed
-in the same rounds, so machine load cancels to first order. On a shared machine run it
-twice and report the spread.
+warm-up, and every figure is a ratio to a baseline timed in the same rounds, so machine
+load cancels to first order: the ratio of the fastest calls, and (step part) the median
+and range of the per-round ratios, which a slow spell during one call moves less. On a
+shared machine run it more than once and report the spread.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from absl import flags
 from flax import linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import models
@@ -63,17 +65,23 @@ class MLP(nn.Module):
     return nn.Dense(self.width, name=f"dense_{self.layers - 1}", **kw)(x)
 
 
-def interleaved_min(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-  """Seconds of the fastest call of each function, calling them in turn each round."""
+def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
+                      ) -> dict[str, np.ndarray]:
+  """Seconds of each call of each function (``repeats`` each), calling them in turn."""
   for f in fns.values():
     jax.block_until_ready(f())  # compile and warm up
-  best = {name: float("inf") for name in fns}
-  for _ in range(repeats):
+  times = {name: np.zeros(repeats) for name in fns}
+  for i in range(repeats):
     for name, f in fns.items():
       t0 = time.perf_counter()
       jax.block_until_ready(f())
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return best
+      times[name][i] = time.perf_counter() - t0
+  return times
+
+
+def interleaved_min(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+  """Seconds of the fastest call of each function, calling them in turn each round."""
+  return {name: float(t.min()) for name, t in interleaved_times(fns, repeats).items()}
 
 
 def train_step(model: nn.Module, sow: bool = False) -> Callable[[], Any]:
@@ -113,12 +121,16 @@ def main(argv):
   print(f"{jax.devices()[0].platform}; MLP {_LAYERS.value} x {_WIDTH.value}, batch "
         f"{_BATCH.value}; fastest of {r} interleaved rounds")
   if "step" in _PARTS.value:
-    times = interleaved_min({name: train_step(quantized_mlp(name))
-                             for name in _RECIPES.value}, r)
-    base = times.get("bf16") or next(iter(times.values()))
-    print(f"{'train step':36s} {'ms':>8s} {'/ bf16':>8s}")
+    times = interleaved_times({name: train_step(quantized_mlp(name))
+                               for name in _RECIPES.value}, r)
+    base_name = "bf16" if "bf16" in times else next(iter(times))
+    base = times[base_name]
+    print(f"{'train step':20s} {'fastest ms':>10s} {'/ ' + base_name:>8s}   per-round "
+          f"ratio: median [min, max]")
     for name, t in times.items():
-      print(f"{name:36s} {t * 1e3:8.1f} {t / base:8.2f}")
+      ratio = t / base
+      print(f"{name:20s} {t.min() * 1e3:10.1f} {t.min() / base.min():8.2f}   "
+            f"{np.median(ratio):.2f} [{ratio.min():.2f}, {ratio.max():.2f}]")
   if "telemetry" in _PARTS.value:
     recipe = "nvfp4"
     by_hand = MLP(_WIDTH.value, _LAYERS.value,
