@@ -11,7 +11,11 @@
 2. Telemetry: the nvfp4 step with ``telemetry=True`` (sown and returned) and with
    ``telemetry=False``, each divided by the same step with numerics.qdot's dot_general
    injected by hand into ``nn.Dense`` (no interception machinery): off should be 1.
-3. ``quantize_nvfp4`` (codes + scales), NVFP4 quantize-dequantize and ``quantize_mx``
+3. Operands (``--parts=operands``, not run by default): what the nvfp4 recipe adds to
+   one layer, per ``(batch, width)`` operand -- NVFP4 quantize-dequantize to nearest
+   and stochastically (block values and tensor scale, as the GEMM takes them) and the
+   16-point RHT along the token axis -- each divided by the layer's bf16 forward GEMM.
+4. ``quantize_nvfp4`` (codes + scales), NVFP4 quantize-dequantize and ``quantize_mx``
    on ``--size`` float32 elements, as elements/s relative to a plain copy (``x + 1``:
    one read, one write) -- the metric of ``experiments.benchmarks.numerics_throughput``.
 
@@ -37,6 +41,7 @@ import optax
 
 import models
 import numerics
+from numerics import kernels
 from numerics import qdot
 from numerics import quantizer
 
@@ -47,7 +52,8 @@ _LAYERS = flags.DEFINE_integer("layers", 4, "MLP layers")
 _BATCH = flags.DEFINE_integer("batch", 512, "batch size")
 _SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "float32 elements to quantize")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "rounds of timed calls (the min is kept)")
-_PARTS = flags.DEFINE_list("parts", ["step", "telemetry", "quantize"], "what to time")
+_PARTS = flags.DEFINE_list("parts", ["step", "telemetry", "quantize"],
+                           "what to time: step, telemetry, operands, quantize")
 
 
 class MLP(nn.Module):
@@ -142,6 +148,28 @@ def main(argv):
     print(f"{recipe} step, quantize_model telemetry off / qdot injected by hand: "
           f"{t['off'] / t['by hand']:.2f}")
     print(f"{recipe} step, telemetry on / off: {t['on'] / t['off']:.2f}")
+  if "operands" in _PARTS.value:
+    x = jax.random.normal(jax.random.key(0), (_BATCH.value, _WIDTH.value))
+    w = jax.random.normal(jax.random.key(1), (_WIDTH.value, _WIDTH.value))
+    k = jax.random.key(2)
+    nearest = quantizer.QuantSpec("nvfp4")
+    stochastic = quantizer.QuantSpec("nvfp4", rounding="stochastic")
+    ops = {
+        "bf16 GEMM": jax.jit(lambda x, w, k: jnp.dot(  # w an argument: no folding
+            x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+            preferred_element_type=jnp.float32)),
+        "nvfp4 qdq, nearest": jax.jit(
+            lambda x, w, k: kernels.quantize_dequantize_split(x, nearest)),
+        "nvfp4 qdq, stochastic": jax.jit(
+            lambda x, w, k: kernels.quantize_dequantize_split(x, stochastic, key=k)),
+        "RHT, 16-point, axis 0": jax.jit(
+            lambda x, w, k: numerics.random_hadamard(x, key=k, block_shape=16, axis=0)),
+    }
+    t = interleaved_min({name: (lambda f=f: f(x, w, k)) for name, f in ops.items()}, r)
+    gemm = t["bf16 GEMM"]
+    print(f"per ({_BATCH.value}, {_WIDTH.value}) operand {'ms':>8s} {'/ GEMM':>8s}")
+    for name, v in t.items():
+      print(f"{name:36s} {v * 1e3:8.3f} {v / gemm:8.2f}")
   if "quantize" in _PARTS.value:
     x = jax.random.normal(jax.random.key(0), (_SIZE.value // 1024, 1024))
     spec = quantizer.QuantSpec("nvfp4")

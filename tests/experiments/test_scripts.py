@@ -24,9 +24,10 @@ def test_demo_formats_prints_every_format():
     ("experiments.benchmarks.numerics_throughput", ["--size=65536", "--repeats=1"]),
     ("experiments.benchmarks.qtrain_step", ["--d_model=32", "--layers=1", "--batch=2", "--seq=32",
                                   "--repeats=1", "--recipes=bf16,mxfp8"]),
-    ("experiments.benchmarks.library_speed", ["--width=64", "--layers=1", "--batch=8",
+    ("experiments.benchmarks.library_speed", ["--width=64", "--layers=1", "--batch=16",
                                               "--size=65536", "--repeats=1",
-                                              "--recipes=bf16,nvfp4"]),
+                                              "--recipes=bf16,nvfp4",
+                                              "--parts=step,telemetry,operands,quantize"]),
 ])
 def test_benchmarks_run_small(script, args):
   out = _run(script, *args)
