@@ -1121,8 +1121,9 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   the second works on ``x`` in its blocked shape (a per-block value is a plain
   broadcast there): it scales ``|x|`` by ``enc`` (a float32 subnormal ``x`` scaled up
   by 2^24 first, as :func:`_mul_subnormal_lhs` does) and rounds onto E2M1, to nearest
-  by float adds (:func:`_e2m1_rne_magnitude`), otherwise by the reference
-  :func:`numerics.rounding.round_magnitude` on ``words``. Equal bit for bit to
+  by float adds (:func:`_e2m1_rne_magnitude`), stochastically on ``words`` in float
+  arithmetic (:func:`_e2m1_sr_magnitude`), toward zero by the reference
+  :func:`numerics.rounding.round_magnitude`. Equal bit for bit to
   :func:`nvfp4_quantize_core` (tested, and both against the NumPy reference).
   Returns (codes, scale codes, 1/S_enc), or the dequantized float32 tensor with
   ``dequantize``, or with ``dequantize="blocks"`` (the dequantized tensor before its

@@ -51,7 +51,7 @@ _WIDTH = flags.DEFINE_integer("width", 1024, "MLP width")
 _LAYERS = flags.DEFINE_integer("layers", 4, "MLP layers")
 _BATCH = flags.DEFINE_integer("batch", 512, "batch size")
 _SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "float32 elements to quantize")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "rounds of timed calls (the min is kept)")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "rounds of timed calls")
 _PARTS = flags.DEFINE_list("parts", ["step", "telemetry", "quantize"],
                            "what to time: step, telemetry, operands, quantize")
 

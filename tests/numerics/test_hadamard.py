@@ -49,8 +49,8 @@ def test_blockwise_application_matches_matrix():
                                                ((2, 3, 64), -1, 16), ((64,), 0, 32),
                                                ((4, 32, 0), 1, 16)])
 def test_blockwise_every_axis_matches_float64_reference(shape, axis, block):
-  # Leading, middle and last axes take different code paths (batched small GEMMs
-  # vs one transposed GEMM); each must be R applied to every block along ``axis``.
+  # Leading, middle and last axes (moved to the front, then batched per block), and an
+  # empty array: each must be R applied to every block along ``axis``.
   key = jax.random.key(2)
   x = np.asarray(jax.random.normal(jax.random.key(3), shape), np.float64)
   r = np.asarray(hadamard.random_hadamard_matrix(block, key=key), np.float64)
