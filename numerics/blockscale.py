@@ -835,9 +835,8 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
 
   Not differentiable (raises under ``jax.grad``; ``values`` is not in x's units).
   """
-  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
-                                    "te")
-  del x32
+  _, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
+                                  "te")
   return _qdq_nvfp4_blocks(jnp.asarray(x), key, axes=axes, blocks=blocks,
                            rounding=rounding, rand_bits=rand_bits, pad=pad, rng=rng)
 
@@ -1173,10 +1172,10 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
     value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
     value = lax.bitcast_convert_type(
         lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
-    if dequantize == "blocks":
-      return jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape), inv_s_enc
-    value = value * inv_s_enc
-    return jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
+    if dequantize != "blocks":
+      value = value * inv_s_enc
+    value = jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
+    return (value, inv_s_enc) if dequantize == "blocks" else value
   codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
   codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
   scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
