@@ -362,16 +362,17 @@ def _block_amax_bits(a: jax.Array, axes, blocks) -> jax.Array:
 
 
 def _floor_log2(bits: jax.Array) -> jax.Array:
-  """floor(log2 v) for positive finite float32 bits (subnormals via clz)."""
+  """floor(log2 v) for positive finite float32 bits (subnormals by leading zeros)."""
   e32 = (bits >> 23).astype(jnp.int32)
-  sub = _I(31) - lax.clz(bits).astype(jnp.int32) - _I(149)
+  sub = _I(31) - rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - _I(149)
   return jnp.where(e32 > 0, e32 - 127, sub)
 
 
 def _normalized_sig(bits: jax.Array) -> jax.Array:
   """24-bit significand with its leading one at bit 23 (subnormals shifted up)."""
   e32 = bits >> 23
-  sub = bits << jnp.clip(lax.clz(bits).astype(jnp.int32) - 8, 0, 31).astype(jnp.uint32)
+  sub = bits << jnp.clip(rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - 8, 0,
+                         31).astype(jnp.uint32)
   return jnp.where(e32 > 0, (bits & _U(0x7FFFFF)) | _U(0x800000), sub)
 
 
@@ -439,7 +440,10 @@ def _round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
   mag = rounding_lib.round_magnitude(a, fmt.man_bits, fmt.emin, rounding, words,
                                      rand_bits, scale_exp=scale_exp)
   max_bits = _U(np.float32(fmt.max).view(np.uint32))
-  return jnp.minimum(mag, max_bits) | (sign << 31)
+  return jnp.where(mag > max_bits, max_bits, mag) | (sign << 31)
+
+
+_POISON = np.int32(1 << 20)  # beyond every block's grid exponent
 
 
 def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
@@ -452,8 +456,10 @@ def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
   code = mx_scale_exponent(jnp.where(poisoned, _U(0), amax), f, scale_rule)
   # Internal grid exponent: the element grid of ``f`` times 2^s_int.
   s_int = code - 127 - (f.emax - f.mx_emax)
-  s_full = jnp.broadcast_to(s_int, bshape).reshape(xp.shape)
-  poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
+  # One int32 broadcast carries both the exponent and the poison flag: Mosaic TPU
+  # cannot move a boolean mask between layouts (no i1 transpose).
+  s_full = jnp.broadcast_to(jnp.where(poisoned, _POISON, s_int), bshape).reshape(xp.shape)
+  poison_full = s_full == _POISON
   a_fin = jnp.where(poison_full, _U(0), a)
   elem = _round_elements(a_fin, sign, f, s_full, rounding, words, rand_bits)
   scale_codes = jnp.where(poisoned, 255, code).astype(jnp.uint8)
@@ -950,13 +956,17 @@ def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
   block_amax, poisoned, bshape, bpos = _block_amax(xp, axes, blocks)
   s_dec, enc = _nvfp4_te_scales(block_amax, s_enc)
   enc_full = jnp.broadcast_to(enc, bshape).reshape(xp.shape)
-  poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
+  # The poison flag travels as a NaN scale (S_dec is otherwise finite): Mosaic TPU
+  # cannot move a boolean mask between layouts (no i1 transpose).
+  s_dec_full = jnp.broadcast_to(jnp.where(poisoned, np.float32(np.nan), s_dec),
+                                bshape).reshape(xp.shape)
+  poison_full = jnp.isnan(s_dec_full)
   codes, elem_f = _nvfp4_elements(xp, enc_full, poison_full, rounding, words, rand_bits)
   scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code), encoding.encode(s_dec, e4m3))
   scale_codes = jnp.squeeze(scale_codes, axis=bpos)
-  # element * E4M3 scale is exact in float32 (at most 2 + 4 significant bits, >= 2^-10).
-  values = elem_f * jnp.broadcast_to(s_dec, bshape).reshape(xp.shape)
-  values = jnp.where(poison_full, np.float32(np.nan), values)
+  # element * E4M3 scale is exact in float32 (at most 2 + 4 significant bits, >= 2^-10);
+  # poisoned blocks: 0 * NaN.
+  values = elem_f * s_dec_full
   return codes, scale_codes, values
 
 

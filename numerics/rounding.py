@@ -75,6 +75,20 @@ def round_f32(x: jax.Array, fmt: formats_lib.Format, *, rounding: Rounding,
                      saturate=saturate)
 
 
+def leading_zeros(n: jax.Array) -> jax.Array:
+  """int32 count of leading zero bits of uint32 ``n < 2^24`` (32 for ``n == 0``).
+
+  ``lax.clz`` without the instruction: ``n`` converts to float32 exactly, and the
+  float's exponent field is ``127 + floor(log2 n)``. Triton cannot legalize
+  ``math.ctlz`` on unsigned words, so the Pallas kernels (which run this module's
+  code) count this way; the result equals ``lax.clz`` on every ``n < 2^24`` (tested
+  exhaustively). Larger ``n`` may round up to the next power of two and give one too
+  few.
+  """
+  f = lax.bitcast_convert_type(n.astype(jnp.int32).astype(jnp.float32), jnp.int32)
+  return jnp.where(n == 0, _I(32), _I(31 + 127) - (f >> 23))
+
+
 def compose_bits(n: jax.Array, qe: jax.Array) -> jax.Array:
   """float32 bit pattern of ``n * 2^qe`` for uint32 ``n < 2^24``, built bit by bit.
 
@@ -82,7 +96,7 @@ def compose_bits(n: jax.Array, qe: jax.Array) -> jax.Array:
   zeros are removed from ``n``); it never touches float arithmetic, so XLA:CPU's
   flush-to-zero of subnormals cannot alter it.
   """
-  p = _I(31) - lax.clz(n).astype(jnp.int32)  # position of n's leading one
+  p = _I(31) - leading_zeros(n)  # position of n's leading one
   ev = qe + p
   normal = ((ev + 127).astype(jnp.uint32) << 23) | (
       (n << jnp.clip(23 - p, 0, 31).astype(jnp.uint32)) & _U(0x7FFFFF))
@@ -98,7 +112,7 @@ def split_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
   """
   e32 = a >> 23
   frac = a & _U(0x7FFFFF)
-  lead = jnp.clip(lax.clz(frac).astype(jnp.int32) - 8, 0, 31)  # subnormal shift-up
+  lead = jnp.clip(leading_zeros(frac) - 8, 0, 31)  # subnormal shift-up
   sig = jnp.where(e32 > 0, frac | _U(0x800000), frac << lead.astype(jnp.uint32))
   eb = jnp.where(e32 > 0, e32.astype(jnp.int32) - _I(127), _I(-126) - lead)
   return sig, eb
@@ -142,7 +156,7 @@ def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
   """
   abits, (sa, ea) = _magnitude_parts(a)
   bbits, (sb, eb) = _magnitude_parts(b)
-  sb = jnp.maximum(sb, _U(1))  # b == 0 is patched below
+  sb = jnp.where(sb == _U(0), _U(1), sb)  # b == 0 is patched below
   r, q = sa, jnp.zeros(jnp.broadcast_shapes(sa.shape, sb.shape), jnp.uint32)
   for _ in range(26):  # q = floor(sa 2^25 / sb) in [2^24, 2^26)
     ge = r >= sb
@@ -156,7 +170,7 @@ def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
   drop_c = jnp.minimum(drop, 27).astype(jnp.uint32)
   m = jnp.where(drop >= 27, _U(0), q >> drop_c)
   guard = jnp.where(drop >= 27, _U(0), (q >> (drop_c - _U(1))) & _U(1))
-  low = q & ((_U(1) << jnp.maximum(drop_c, _U(1)) - _U(1)) - _U(1))
+  low = q & ((_U(1) << (drop_c - _U(1))) - _U(1))  # drop >= 1: below the guard bit
   sticky = (jnp.where(drop >= 27, q, low) != 0) | (r != 0)
   m = m + (guard & (sticky.astype(jnp.uint32) | (m & _U(1))))
   normal = e >= -126

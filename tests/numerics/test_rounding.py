@@ -423,3 +423,14 @@ def test_div_rn_is_ieee_division_from_integer_ops():
     with np.errstate(divide="ignore", over="ignore", under="ignore"):
       want = (x / y).astype(np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_leading_zeros_equals_a_numpy_count_on_every_24_bit_word():
+  """The clz-free count the Pallas kernels use (Triton cannot lower uint32 clz), held
+  exhaustively on n < 2^24 against NumPy's bit length (32 - bit_length(n))."""
+  from numerics import rounding
+  n = np.arange(1 << 24, dtype=np.uint32)
+  got = np.asarray(jax.jit(rounding.leading_zeros)(jnp.asarray(n)))
+  want = 32 - np.where(n == 0, 0, np.floor(np.log2(np.maximum(n, 1).astype(np.float64))) + 1)
+  np.testing.assert_array_equal(got, want.astype(np.int32))
+  assert got.dtype == np.int32
