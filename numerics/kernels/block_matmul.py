@@ -111,8 +111,10 @@ def _expand_cols(scales, nb):
 
 def _step_product(a_codes, a_scales, b_codes, b_scales, fa, fb, bk):
   nb = bk // MX_BLOCK
-  a = decode_tile(a_codes, _expand_rows(a_scales, nb), fa)
-  b = decode_tile(b_codes, _expand_cols(b_scales, nb), fb)
+  # Scales widen to int32 before they are repeated: Mosaic on v5e cannot reshape the
+  # repeated uint8 tile (vector<1x256x16xi8> to <256x16x1xi8>).
+  a = decode_tile(a_codes, _expand_rows(a_scales.astype(jnp.int32), nb), fa)
+  b = decode_tile(b_codes, _expand_cols(b_scales.astype(jnp.int32), nb), fb)
   return jnp.dot(a, b, preferred_element_type=jnp.float32)
 
 

@@ -17,12 +17,20 @@ Tiles (``tile=None``), chosen per backend:
 
 * GPU (Triton): power-of-two tiles of 4096 elements, ``(16, 256)`` when blocks run
   along a row (axis 1) and ``(32, 128)`` when they run down a column (axis 0), clamped
-  to the array; 4 warps: about 32 elements per thread, so the integer rounding's
-  temporaries can stay in registers.
-* TPU (Mosaic): the last dim in lanes, ``tc`` a multiple of 128 (of ``128 * block``
-  when a per-block output is stored, so its lane dim is too) or the whole row, up to
-  8192; ``tr`` a multiple of 32 (uint8 outputs tile as (32, 128)) for tiles of about
-  64K elements. Scalars (seeds, tensor scales) live in SMEM.
+  to the array; 8 warps: 16 elements per thread, so the integer rounding's
+  temporaries stay in registers (with 4 warps, 32 per thread, ptxas spilled the
+  e2m3 rceil fused quantizer; the compile check fails any kernel that spills).
+* TPU (Mosaic): blocks down a column (axis 0) run along sublanes: ``(256, 512)`` tiles
+  reshaped to ``(256/block, block, 512)`` and reduced over the block axis, every vector
+  register full. Blocks along a row (axis 1) would reduce along lanes and leave the
+  per-block values (the scale arithmetic, NVFP4's long division) one per 128-lane
+  register, which made the NVFP4 kernels 25 s to compile and over v5e's 16 MiB of
+  scoped VMEM; so each ``(128, 32 * block)`` tile is transposed in the kernel (a float32
+  transpose on the XLU; narrow outputs go back through int32), quantized as blocks down
+  a column, and transposed back; its per-block outputs are written as ``(C/block, R)``
+  and transposed outside the kernel (1/block of the elements). ``tr`` a multiple of 32
+  (uint8 outputs tile as (32, 128)) or the whole dim. Scalars (seeds, tensor scales)
+  live in SMEM.
 """
 
 from __future__ import annotations
@@ -42,32 +50,31 @@ from numerics.kernels import dispatch
 
 FULL, BLOCKS = "full", "blocks"
 _GPU_TILES = {1: (16, 256), 0: (32, 128)}
-_TPU_MAX_COLS = 8192
-_TPU_TILE_ELEMS = 65536
-_TPU_ROWS_AXIS0 = 256
-_TPU_COLS_AXIS0 = 512
+_TPU_TILE_AXIS0 = (256, 512)
+_TPU_ROWS_AXIS1 = 128
+_TPU_BLOCKS_AXIS1 = 32  # blocks per row of a tile: per-block outputs tile as (32, 128)
 
-# body(x_tile_f32, words_fn, scalars_ref) -> one array per output
+# body(x_tile_f32, words_fn, scalars_ref, axis) -> one array per output
 Body = Callable[..., Sequence[jax.Array]]
 
 
-def default_tile(variant: str, shape: tuple[int, int], axis: int, block: int,
-                 block_outputs: bool) -> tuple[int, int]:
+def default_tile(variant: str, shape: tuple[int, int], axis: int, block: int
+                 ) -> tuple[int, int]:
   """The ``(tr, tc)`` tile of ``variant`` for an ``(R, C)`` array (see module doc)."""
   r, c = shape
   if variant == dispatch.GPU:
     tr, tc = _GPU_TILES[axis]
     return min(tr, dispatch.next_pow2(r)), min(tc, dispatch.next_pow2(c))
   if axis == 0:
-    tr = r if r <= _TPU_ROWS_AXIS0 else _TPU_ROWS_AXIS0
-    return tr, (c if c <= _TPU_COLS_AXIS0 else _TPU_COLS_AXIS0)
-  lane = 128 * block if block_outputs else 128
-  if c <= _TPU_MAX_COLS or c % lane:
-    tc = c
+    tr, tc = _TPU_TILE_AXIS0
   else:
-    tc = _TPU_MAX_COLS // lane * lane
-  tr = max(32, _TPU_TILE_ELEMS // tc // 32 * 32)
-  return (r if tr >= r else tr), tc
+    tr, tc = _TPU_ROWS_AXIS1, _TPU_BLOCKS_AXIS1 * block
+  return (r if r <= tr else tr), (c if c <= tc else tc)
+
+
+def transposes(variant: str, axis: int) -> bool:
+  """Whether the kernel quantizes a transposed tile (TPU, blocks along a row)."""
+  return variant == dispatch.TPU and axis == 1
 
 
 def check_tile(variant: str, axis: int, block: int, tile: tuple[int, int]
@@ -92,7 +99,7 @@ def _scalar_spec(variant: str):
 def _compiler_params(variant: str):
   if variant == dispatch.TPU:
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
-  return pltriton.CompilerParams(num_warps=4, num_stages=1)
+  return pltriton.CompilerParams(num_warps=8, num_stages=1)
 
 
 def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
@@ -103,10 +110,12 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
   """Runs ``body`` over the tiles of 2D ``x`` (float32/bfloat16, ``(R, C)``).
 
   Args:
-    body: ``body(x_f32, words, scalars_ref)``: ``x_f32`` the float32 tile,
-      ``words()`` the tile's uint32 random words (the hash at global row-major
-      indices), ``scalars_ref`` the float32 (2,) scalar input; returns one array per
-      entry of ``outputs``.
+    body: ``body(x_f32, words, scalars_ref, axis)``: ``x_f32`` the float32 tile with
+      blocks along ``axis`` of it (0 or 1: the TPU kernel hands ``body`` a transposed
+      tile, see the module doc), ``words()`` the tile's uint32 random words (the hash
+      at each element's global row-major index in ``x``), ``scalars_ref`` the float32
+      (2,) scalar input; returns one array per entry of ``outputs``, full ones in the
+      tile's shape and per-block ones with the block axis reduced to one per block.
     axis, block: blocks of ``block`` along ``axis`` (``x.shape[axis] % block == 0``).
     outputs: ``(kind, dtype)`` per output, kind ``"full"`` or ``"blocks"``.
     seeds: uint32 (2,) hash seeds; scalars: float32 (2,).
@@ -115,28 +124,38 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
     tile: explicit ``(tr, tc)``; default :func:`default_tile`.
   """
   r, c = x.shape
-  block_out = any(kind == BLOCKS for kind, _ in outputs)
   if tile is None:
-    tr, tc = default_tile(variant, (r, c), axis, block, block_out)
+    tr, tc = default_tile(variant, (r, c), axis, block)
   else:
     tr, tc = check_tile(variant, axis, block, tile)
   grid = (dispatch.cdiv(r, tr), dispatch.cdiv(c, tc))
+  transpose = transposes(variant, axis)
 
   def kernel(seed_ref, scal_ref, x_ref, *out_refs):
     def words():
       if r * c >= 2 ** 32:
         raise ValueError(f"the hash generator indexes at most 2^32 elements, got "
                          f"{x.shape}")
-      rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, (tr, tc), 0)
-      cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, (tr, tc), 1)
+      shape, (row_dim, col_dim) = ((tc, tr), (1, 0)) if transpose else ((tr, tc), (0, 1))
+      rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, shape, row_dim)
+      cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, shape, col_dim)
       index = rows.astype(jnp.uint32) * np.uint32(c) + cols.astype(jnp.uint32)
       return random_bits_lib.hash_words(index, seed_ref[0], seed_ref[1])
-    results = body(x_ref[...].astype(jnp.float32), words, scal_ref)
-    for ref, value in zip(out_refs, results, strict=True):
+    x_tile = x_ref[...].astype(jnp.float32)
+    if transpose:
+      results = body(x_tile.T, words, scal_ref, 0)
+    else:
+      results = body(x_tile, words, scal_ref, axis)
+    for ref, value, (kind, dtype) in zip(out_refs, results, outputs, strict=True):
+      if transpose and kind == FULL:
+        value = _transpose_via_32_bits(value).astype(dtype)
       ref[...] = value
 
   tile_spec = pl.BlockSpec((tr, tc), lambda i, j: (i, j))
-  if axis == 1:
+  if transpose:  # per-block outputs stored as (C/block, R), transposed below
+    block_spec = pl.BlockSpec((tc // block, tr), lambda i, j: (j, i))
+    block_shape = (c // block, r)
+  elif axis == 1:
     block_spec = pl.BlockSpec((tr, tc // block), lambda i, j: (i, j))
     block_shape = (r, c // block)
   else:
@@ -152,7 +171,7 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
       out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype))
     else:
       raise ValueError(f"unknown output kind {kind!r}")
-  return pl.pallas_call(
+  results = pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[_scalar_spec(variant), _scalar_spec(variant), tile_spec],
@@ -162,6 +181,16 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
       interpret=interpret,
       name=name,
   )(seeds.astype(jnp.uint32), scalars.astype(jnp.float32), x)
+  return [res.T if transpose and kind == BLOCKS else res
+          for res, (kind, _) in zip(results, outputs, strict=True)]
+
+
+def _transpose_via_32_bits(v: jax.Array) -> jax.Array:
+  """``v.T``, moved as a 32-bit type (Mosaic transposes 32-bit vectors, not i8/i1)."""
+  if v.dtype.itemsize == 4:
+    return v.T
+  wide = jnp.int32 if jnp.issubdtype(v.dtype, jnp.integer) else jnp.float32
+  return v.astype(wide).T
 
 
 def seeds_of(key: jax.Array | None) -> jax.Array:

@@ -57,14 +57,14 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits):
   return f, x
 
 
-def _quantize_body(x, words, scalars, *, f, axis, scale_rule, rounding, rand_bits):
+def _quantize_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
   del scalars
   w = words() if rounding == "stochastic" else None
   return blockscale.mx_quantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule, rounding,
                                      w, rand_bits)
 
 
-def _qdq_body(x, words, scalars, *, f, axis, scale_rule, rounding, rand_bits):
+def _qdq_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
   del scalars
   w = words() if rounding == "stochastic" else None
   return (blockscale.mx_quantize_dequantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule,
@@ -94,7 +94,7 @@ def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, rand_bits, tile, impl,
 
   def kernel_fn(variant, interpret, xp, key):
     x2, axis = blockwise.as_2d(xp, xp.ndim - 1)
-    body = functools.partial(_quantize_body, f=f, axis=axis, scale_rule=scale_rule,
+    body = functools.partial(_quantize_body, f=f, scale_rule=scale_rule,
                              rounding=rounding, rand_bits=rand_bits)
     codes, scales = blockwise.blockwise_call(
         body, x2, axis=axis, block=MX_BLOCK,
@@ -161,8 +161,8 @@ def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, rand_bits, tile, impl,
 
   def kernel_fn(variant, interpret, xp, key):
     x2, axis2 = blockwise.as_2d(xp, axis)
-    body = functools.partial(_qdq_body, f=f, axis=axis2, scale_rule=scale_rule,
-                             rounding=rounding, rand_bits=rand_bits)
+    body = functools.partial(_qdq_body, f=f, scale_rule=scale_rule, rounding=rounding,
+                             rand_bits=rand_bits)
     (out,) = blockwise.blockwise_call(
         body, x2, axis=axis2, block=MX_BLOCK, outputs=((blockwise.FULL, jnp.float32),),
         seeds=blockwise.seeds_of(key), scalars=jnp.zeros((2,), jnp.float32),

@@ -51,7 +51,7 @@ def _check(x, rounding, key, rand_bits):
   return x
 
 
-def _body(x, words, scalars, *, axis, rounding, rand_bits, dequantize):
+def _body(x, words, scalars, axis, *, rounding, rand_bits, dequantize):
   w = words() if rounding == "stochastic" else None
   codes, scales, values = blockscale.nvfp4_quantize_core(
       x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w, rand_bits)
@@ -84,7 +84,7 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
 
   def kernel_fn(variant, interpret, xp, key, s_enc, inv_s_enc):
     x2, axis2 = blockwise.as_2d(xp, axis)
-    body = functools.partial(_body, axis=axis2, rounding=rounding, rand_bits=rand_bits,
+    body = functools.partial(_body, rounding=rounding, rand_bits=rand_bits,
                              dequantize=dequantize)
     if dequantize:
       outputs = ((blockwise.FULL, jnp.float32),)
