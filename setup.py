@@ -1,6 +1,14 @@
 """Installs the numerics research library: numerics, models, experiments, launch."""
 
+import os
+
 from setuptools import find_packages, setup
+
+
+def _requirements(path):
+  with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), path)) as f:
+    return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
 
 setup(
     name="lowprec-numerics",
@@ -11,7 +19,9 @@ setup(
     packages=find_packages(include=["numerics", "numerics.*", "models", "models.*",
                                     "experiments", "experiments.*", "launch",
                                     "launch.*"]),
-    package_data={"experiments": ["data/*.gz", "data/*.md"]},
+    package_data={"experiments": ["data/*.gz", "data/*.md"],
+                  "numerics": ["kernels/targets/*.txtpb",
+                               "kernels/compile_requirements.txt"]},
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
@@ -32,5 +42,8 @@ setup(
             "scikit-learn>=1.9",
             "pytest-xdist>=3.8",
         ],
+        # Deviceless compilation for H200/B200 and TPU v5e/v6e
+        # (python -m numerics.kernels.compile_check).
+        "compile": _requirements("numerics/kernels/compile_requirements.txt"),
     },
 )

@@ -18,8 +18,10 @@ Dispatch rule (:mod:`numerics.kernels.dispatch`): compiled Pallas on GPU/TPU, th
 path on the CPU; ``use_kernel=``/``interpret=`` per call or ``NUMERICS_KERNELS`` =
 ``auto|jnp|pallas|interpret`` for the process override it. Every kernel is bit-exact
 with the jnp path and with the independent NumPy references in interpret mode
-(``tests/numerics/kernels``) and lowers for ``cuda`` and ``tpu`` in CI
-(``python -m numerics.kernels.lowering`` prints the table).
+(``tests/numerics/kernels``); CI lowers every case of :mod:`numerics.kernels.cases` for
+``cuda`` and ``tpu`` (``python -m numerics.kernels.lowering``) and compiles it for H200,
+B200, TPU v5e and v6e without a device (``python -m numerics.kernels.compile_check``;
+docs/kernels.md).
 The device check: ``python -m experiments.benchmarks.kernel_check
 --out=device_check.json``.
 """

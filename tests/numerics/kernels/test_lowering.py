@@ -48,6 +48,7 @@ def test_a_kernel_that_cannot_lower_is_reported(monkeypatch, platform):
     return jax.lax.platform_dependent(
         x, cuda=lambda x: bad(x, pltriton.CompilerParams()), tpu=bad)
 
-  monkeypatch.setitem(lowering.CASES, "bad", (both, (jax.ShapeDtypeStruct((96, 128),
-                                                                          jnp.float32),)))
+  from numerics.kernels import cases
+  monkeypatch.setitem(lowering.CASES, "bad", cases.Case(
+      "bad", "bad", both, (jax.ShapeDtypeStruct((96, 128), jnp.float32),), 0))
   assert lowering.lower("bad", platform) is not None

@@ -1,0 +1,129 @@
+"""Every kernel case compiles for H200, B200, TPU v5e and TPU v6e, without a device.
+
+Deviceless ahead-of-time compilation (numerics.kernels.compile_check) runs ptxas and the
+TPU compiler on this CPU-only machine. It needs the compile toolchain: CI installs it
+into a directory of its own and names it in NUMERICS_COMPILE_TOOLCHAIN, with
+REQUIRE_COMPILE=1 so that a missing toolchain fails instead of skipping. Elsewhere the
+tests run where the toolchain is importable (``pip install -e ".[compile]"``) and skip
+otherwise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from numerics.kernels import cases
+from numerics.kernels import compile_check
+
+pytestmark = pytest.mark.compile
+
+_GPU = ("H200", "B200")
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+  directory = os.environ.get("NUMERICS_COMPILE_TOOLCHAIN")
+  if directory:
+    if not os.path.isdir(directory):
+      pytest.fail(f"NUMERICS_COMPILE_TOOLCHAIN={directory!r} is not a directory")
+    return directory
+  why = compile_check.toolchain_missing()
+  if why is None:
+    return None
+  if os.environ.get("REQUIRE_COMPILE") == "1":
+    pytest.fail(why)
+  pytest.skip(why)
+
+
+def test_every_case_compiles_on_every_target_without_spills(toolchain):
+  """One test (so one xdist worker) compiles all cases for all four targets."""
+  targets = [t.name for t in compile_check.TARGETS]
+  results = compile_check.run_child(list(cases.CASES), targets, all_cases=False,
+                                    toolchain=toolchain)
+  assert len(results) == len(cases.CASES) * len(targets)
+  failed = [f"{r.case} on {r.target}: {r.error}" for r in results if not r.ok]
+  assert not failed, "\n".join(failed)
+  for r in results:
+    if r.target in _GPU:
+      assert r.registers is not None, f"no ptxas report for {r.case} on {r.target}"
+      assert r.spill_bytes == 0 and r.registers <= 255, r
+    assert r.roofline_us > 0
+
+
+_BAD_KERNELS = textwrap.dedent("""
+    import dataclasses, json, sys
+    import jax, jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import triton as pltriton
+    from numerics.kernels import cases, compile_check
+
+    def clz_kernel(x_ref, o_ref):  # Triton cannot legalize math.ctlz on uint32
+      o_ref[...] = lax.clz(x_ref[...].astype(jnp.uint32)).astype(jnp.int32)
+
+    def mask_transpose_kernel(x_ref, o_ref):  # Mosaic: i1 transpose is not supported
+      mask = (x_ref[...] > 0).reshape(8, 16, 128)
+      o_ref[...] = jnp.transpose(mask, (1, 0, 2)).reshape(128, 128).astype(jnp.int32)
+
+    def call(kernel, params):
+      def fn(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              compiler_params=params)(x)
+      return fn
+
+    x = jax.ShapeDtypeStruct((128, 128), jnp.int32)
+    out = []
+    for target, kernel, params in (
+        (compile_check.TARGETS[0], clz_kernel, pltriton.CompilerParams()),
+        (compile_check.TARGETS[3], mask_transpose_kernel, pltpu.CompilerParams())):
+      case = cases.Case("bad", "bad", call(kernel, params), (x,), 1)
+      r = compile_check.compile_case(case, target, compile_check.target_device(target))
+      out.append(dataclasses.asdict(r))
+    print(json.dumps(out))
+""")
+
+
+def test_a_kernel_that_cannot_compile_is_reported_with_its_cause(toolchain, tmp_path):
+  """The check can fail, and says why: the op (and for Triton the source line)."""
+  script = tmp_path / "bad_kernels.py"
+  script.write_text(_BAD_KERNELS)
+  env = compile_check._child_env(toolchain)  # pylint: disable=protected-access
+  proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  gpu, tpu = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert not gpu["ok"] and not tpu["ok"]
+  assert "math.ctlz" in gpu["error"] and "clz_kernel" in gpu["error"], gpu["error"]
+  assert "bad_kernels.py:" in gpu["error"], gpu["error"]  # the script's source line
+  assert "i1 transpose" in tpu["error"] and "tpu.transpose" in tpu["error"], tpu["error"]
+
+
+def test_gpu_report_parses_ptxas_output():
+  log = textwrap.dedent("""\
+      ptxas info    : Compiling entry function 'other' for 'sm_90a'
+      ptxas info    : Function properties for other
+          0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+      ptxas info    : Used 8 registers, used 0 barriers
+      I1206 xtile_compiler.cc:479] Shared memory usage: 65536 B
+      ptxas info    : Compiling entry function 'mx_matmul' for 'sm_90a'
+      ptxas info    : Function properties for mx_matmul
+          8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads
+      ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem
+      """)
+  report = compile_check._gpu_report(log, "mx_matmul")  # pylint: disable=protected-access
+  assert report == dict(registers=255, spill_bytes=16, smem_bytes=65536)
+  assert compile_check._gpu_report(log, "absent") == {}  # pylint: disable=protected-access
+
+
+def test_roofline_is_bytes_over_bandwidth_or_flops_over_peak():
+  h200 = compile_check.TARGETS[0]
+  q = cases.CASES["mx_quantize_dequantize e4m3 axis -1 floor nearest float32 (8192, 4096)"]
+  assert q.hbm_bytes == 8192 * 4096 * 8  # float32 in, float32 out
+  assert compile_check.roofline_us(q, h200) == pytest.approx(8192 * 4096 * 8 / 4.8e12 * 1e6)
+  mm = cases.CASES["mx_matmul e4m3 x e4m3 4096^3"]
+  assert compile_check.roofline_us(mm, h200) == pytest.approx(2 * 4096 ** 3 / 989e12 * 1e6)
