@@ -16,6 +16,10 @@ once ``--time_budget_s`` is spent):
    read + write), then each quantize kernel and its jnp (XLA) path: milliseconds, the
    bytes it must move, and that rate as a fraction of the copy bandwidth; ``matmul``:
    the block-scaled matmul in TFLOP/s against a bf16 ``jnp.dot`` of the same shape.
+   On a device that :mod:`numerics.kernels.compile_check` has a target for (H200,
+   B200, TPU v5e, v6e), each figure is printed beside its roofline estimate (bytes
+   over the vendor's HBM bandwidth; the matmul's FLOPs over its bf16 peak), the same
+   estimate the README's compile table gives.
 3. ``train_step``: one jitted training step (forward, backward, AdamW) of the
    quick-start LM (experiments.lm's defaults: d_model 128, 2 layers, 4 heads, d_ff
    512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
@@ -54,6 +58,7 @@ import optax  # pylint: disable=wrong-import-position
 import numerics  # pylint: disable=wrong-import-position
 from numerics import kernels  # pylint: disable=wrong-import-position
 from numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
+from numerics.kernels import compile_check  # pylint: disable=wrong-import-position
 from numerics.kernels import dispatch  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
@@ -150,15 +155,40 @@ def run_correctness(interpret: bool, timeout_s: float) -> dict:
 # ----------------------------------------------------------------------------- stage 2
 
 
-def _rate(seconds: float, nbytes: int, copy_bw: float) -> dict:
-  return {"ms": seconds * 1e3, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9,
-          "fraction_of_copy": nbytes / seconds / copy_bw}
+_DEVICE_TARGETS = {"NVIDIA H200": "H200", "NVIDIA B200": "B200", "TPU v5 lite": "v5e",
+                   "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+def device_target(device_kind: str) -> compile_check.Target | None:
+  """The compile check's target of a device kind (None for other devices)."""
+  for prefix, name in _DEVICE_TARGETS.items():
+    if device_kind.startswith(prefix):
+      return next(t for t in compile_check.TARGETS if t.name == name)
+  return None
+
+
+def _rate(seconds: float, nbytes: int, copy_bw: float,
+          target: compile_check.Target | None) -> dict:
+  rec = {"ms": seconds * 1e3, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9,
+         "fraction_of_copy": nbytes / seconds / copy_bw}
+  if target is not None:  # the roofline estimate: the bytes at the vendor's bandwidth
+    rec["estimate_ms"] = nbytes / target.hbm_bytes_per_s * 1e3
+    rec["measured_over_estimate"] = rec["ms"] / rec["estimate_ms"]
+  return rec
+
+
+def _vs_estimate(rec: dict) -> str:
+  if "estimate_ms" not in rec:
+    return ""
+  return (f" ({rec['ms']:.3f} ms measured, roofline estimate {rec['estimate_ms']:.3f} ms: "
+          f"{rec['measured_over_estimate']:.2f}x)")
 
 
 def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict, dict]:
   """(bandwidth, kernels, matmul) records."""
   rows, cols = (256, 512) if interpret else (_ROWS.value, _COLS.value)
   n = rows * cols
+  target = None if interpret else device_target(jax.devices()[0].device_kind)
   x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
   key = jax.random.key(1)
   t = time_call(jax.jit(lambda x: x + 1.0), x, iters=iters, repeats=repeats)
@@ -211,10 +241,11 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
     for label, mode in (("kernel", on), ("jnp", off)):
       f = jax.jit(lambda x, k, fn=fn, mode=mode: fn(x, k, mode))
       rec[label] = _rate(time_call(f, x, key, iters=iters, repeats=repeats), nbytes,
-                         copy_bw)
+                         copy_bw, target)
     records[name] = rec
     print(f"{name:48s} kernel {rec['kernel']['fraction_of_copy']:.2f} of copy, "
-          f"jnp {rec['jnp']['fraction_of_copy']:.2f}", flush=True)
+          f"jnp {rec['jnp']['fraction_of_copy']:.2f}{_vs_estimate(rec['kernel'])}",
+          flush=True)
 
   size = 128 if interpret else _MM.value
   ka, kb = jax.random.split(key)
@@ -231,10 +262,13 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
     qb = numerics.quantize_mx(b, fb, axis=0)
     f = jax.jit(lambda qa, qb: kernels.mx_matmul(qa, qb, **on))
     t = time_call(f, qa, qb, iters=iters, repeats=repeats)
-    matmul[f"mx_matmul {fa} x {fb}"] = {"ms": t * 1e3, "tflop_per_s": flops / t / 1e12,
-                                        "time_vs_bf16": t / t_bf16}
+    rec = {"ms": t * 1e3, "tflop_per_s": flops / t / 1e12, "time_vs_bf16": t / t_bf16}
+    if target is not None:  # the FLOPs at the vendor's bf16 peak
+      rec["estimate_ms"] = flops / target.bf16_flops_per_s * 1e3
+      rec["measured_over_estimate"] = rec["ms"] / rec["estimate_ms"]
+    matmul[f"mx_matmul {fa} x {fb}"] = rec
     print(f"mx_matmul {fa} x {fb} {size}^3: {flops / t / 1e12:.1f} TFLOP/s "
-          f"(bf16 jnp.dot {flops / t_bf16 / 1e12:.1f})", flush=True)
+          f"(bf16 jnp.dot {flops / t_bf16 / 1e12:.1f}){_vs_estimate(rec)}", flush=True)
   return bandwidth, records, matmul
 
 

@@ -43,3 +43,23 @@ def test_kernel_check_smoke_writes_its_json(tmp_path):
   assert set(report["kernels"]) == {"mx_quantize_dequantize e4m3 axis -2"}
   assert report["bandwidth"]["copy_gb_per_s"] > 0
   assert report["matmul"]["mx_matmul e4m3 x e4m3"]["tflop_per_s"] > 0
+
+
+def test_kernel_check_sets_measured_beside_the_roofline_estimate():
+  """On a device the compile check has a target for, each rate gets its estimate."""
+  code = """
+import pytest
+from experiments.benchmarks import kernel_check as kc
+assert kc.device_target("NVIDIA H200").name == "H200"
+assert kc.device_target("NVIDIA B200").name == "B200"
+assert kc.device_target("TPU v5 lite").name == "v5e"
+assert kc.device_target("TPU v6 lite").name == "v6e"
+assert kc.device_target("NVIDIA H100 80GB HBM3") is None and kc.device_target("cpu") is None
+rec = kc._rate(2e-3, 4.8e9, 4e12, kc.device_target("NVIDIA H200"))
+assert rec["estimate_ms"] == pytest.approx(1.0) and rec["measured_over_estimate"] == pytest.approx(2.0)
+assert "estimate_ms" not in kc._rate(2e-3, 4.8e9, 4e12, None)
+print("ok")
+"""
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=True)
+  assert out.stdout.strip() == "ok"
