@@ -116,6 +116,10 @@ def test_linen_mxfp8_rule_equals_our_dot_general_injected_by_hand(transformer_pa
   assert len(ops) == 2 + 2 * 8 and all(op.rule is not None for op in ops)
   assert {op.path for op in ops if op.op_id.startswith("einsum")} == {
       "block_0/attn", "block_1/attn", "block_0/up", "block_1/up"}
+  # linen's attention einsums are the attention kind; the Einsum layer an einsum.
+  assert {(op.path, op.kind) for op in ops if op.op_id.startswith("einsum")} == {
+      ("block_0/attn", "attention"), ("block_1/attn", "attention"),
+      ("block_0/up", "einsum"), ("block_1/up", "einsum")}
 
 
 def test_linen_per_layer_overrides_and_unmatched_ops(transformer_params):
@@ -123,7 +127,7 @@ def test_linen_per_layer_overrides_and_unmatched_ops(transformer_params):
   rules = [models.Rule("head", None), models.Rule("block_0/.*", "bf16"),
            models.Rule("block_1/attn", "mxfp8"), models.Rule("nowhere", "mxfp4")]
   ours = models.quantize_model(Transformer(), rules)
-  with quantization.recording() as ops:
+  with quantization.recording() as ops, pytest.warns(UserWarning, match="'nowhere'"):
     jax.eval_shape(ours.apply, transformer_params, x)
   by_path = {(op.path, op.op_id): op.rule for op in ops}
   assert by_path[("head", "dot_general_0")] is rules[0]
@@ -215,8 +219,14 @@ class NNXModel(nnx.Module):
 def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
   x = _x()
   plain = NNXModel(nnx.Rngs(0), dtype=BF)
-  with pytest.raises(ValueError, match="fused op"):  # nnx attention: jax.nn's fused op
-    models.quantize_model(plain, [models.Rule(".*", "bf16")])(x.astype(BF))
+  # NNX's attention is jax.nn's fused op: under a bf16 rule it runs JAX's own XLA
+  # attention with its two einsums through the bf16 recipe, which is what the fused op
+  # computes for bf16 operands.
+  ours = models.quantize_model(plain, [models.Rule(".*", "bf16")])
+  with quantization.recording() as ops:
+    chex.assert_trees_all_equal(ours(x.astype(BF)), plain(x.astype(BF)))
+  assert [(op.op_id, op.kind) for op in ops if op.path == "attn"] == [
+      ("einsum_0", "attention"), ("einsum_1", "attention")]
   ours = models.quantize_model(plain, [models.Rule("attn", None), models.Rule(".*", "bf16")])
   assert type(plain) is NNXModel  # the input model is not modified
   chex.assert_trees_all_equal(ours(x.astype(BF)), plain(x.astype(BF)))

@@ -1,0 +1,163 @@
+"""Quantize a Flax model you did not write: rules on module paths, intercepted contractions.
+
+    qmodel = models.quantize_model(model, [
+        models.Rule("head", "bf16"),     # the first matching rule wins
+        models.Rule(".*", "mxfp8"),      # every other contraction in MXFP8
+    ])
+    qmodel = models.quantize_model(model, quantization.projections_only("mxfp8"))
+
+:func:`quantize_model` returns a copy of a Flax linen or NNX model whose ``__call__``
+(or the ``methods`` named) runs every contraction issued inside a module whose path
+matches a :class:`Rule` through :mod:`numerics.qdot` (or :mod:`numerics.qconv`) with
+that rule's recipe. A module's path is its name path below the quantized model, joined
+by ``/`` (``"block_0/qkv"``; ``""`` for the model itself; NNX: the attribute path, list
+indices included); ``Rule.module_path`` is a regular expression that must match the
+whole path. Ops that no rule matches, and ops whose rule has ``recipe=None``, run
+exactly as the model wrote them. Parameters are untouched: the quantized model's
+variables are the plain model's (plus the collections below).
+
+What is intercepted (the op kinds a rule's ``ops`` selects; :mod:`.interception`):
+
+| kind | calls | quantized as |
+|---|---|---|
+| ``dot_general`` | ``jax.lax.dot_general`` (``nn.Dense``, ``nnx.Linear``, ...) | the GEMM |
+| ``einsum`` | ``jnp.einsum`` with two operands (``nn.Einsum``, ``nnx.Einsum``) | the GEMM |
+| ``matmul`` | ``x @ w``, ``jnp.matmul``, ``jnp.dot`` | the GEMM (batched ``@`` broadcast first) |
+| ``conv`` | ``jax.lax.conv_general_dilated`` (``nn.Conv``, ``nnx.Conv``) | the im2col GEMM, blocks along (window, channel) |
+| ``attention`` | the QK^T and AV einsums of Flax's attention functions; ``jax.nn.dot_product_attention`` (NNX's attention without dropout) | both GEMMs (the fused call runs JAX's XLA attention with them quantized) |
+
+So linen's and NNX's attention quantize alike. Not intercepted (they run as written,
+and are not listed by :func:`recording`): ``jnp.tensordot``, ``jnp.inner``,
+``jnp.vdot``, ``jnp.outer``, ``jnp.linalg``; ``einsum`` of three or more operands and
+grouped convolutions raise under a quantizing rule (give their module a ``recipe=None``
+rule), as does a fused attention asked for a non-XLA implementation. A function compiled
+with ``jax.jit`` *inside* the model is intercepted as it was first traced (jit caches do
+not know about the interception), so keep such functions out of quantized modules or
+give them a ``recipe=None`` rule.
+
+:func:`recording` lists every op the model issued, caught or not, with how it ran and
+why; a rule that matched no op in the model's calls so far warns when the call returns
+(``strict=True``: raises). :func:`projections_only` is the common preset: projections in
+the recipe, attention products and the output head in bf16.
+
+Randomness (stochastic rounding, Hadamard transforms): linen ops draw their key with
+``module.make_rng("quant")`` in the module that issues the op, so pass
+``rngs={"quant": key}`` to ``init`` and ``apply``; NNX ops draw from the ``quant`` stream
+of the ``rngs`` given to :func:`quantize_model`. A model that passes its own per-matmul
+keys (``models.transformer.DecoderLM``) calls :func:`dot_general` with ``key=``, and that
+key is used instead. ``rng_stream`` renames the stream.
+
+State and telemetry (linen): a recipe with delayed-scaling operands keeps its amax
+histories in the collection :data:`OVERWRITE` (Flax's ``_overwrite_with_gradient``,
+created by ``init``); pass it to ``apply`` and differentiate w.r.t. it: its gradient is
+the next state, which replaces it (Flax's ``TrainState.apply_gradients`` does this; never
+feed it to an optimizer). With ``telemetry=True`` each quantized op sows the telemetry of
+its forward operands into the collection :data:`NUMERICS` (``apply(...,
+mutable=["numerics"])``) and, when the :data:`OVERWRITE` collection is differentiated,
+returns its backward operands' telemetry in that gradient; :func:`telemetry_scalars`
+flattens both into ``{"numerics/<layer>/<gemm>_<operand>/<stat>": value}``. NNX models
+sow forward telemetry as ``nnx.Intermediate`` values named ``numerics_<op>``; delayed
+scaling needs a linen model (or :func:`numerics.qdot.quantized_dot_general_with_state`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from flax import linen as nn
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from numerics import telemetry as telemetry_lib
+from models.quantization import interception
+from models.quantization import linen_front
+from models.quantization import nnx_front
+from models.quantization.interception import (NUMERICS, OVERWRITE, RNG_STREAM,
+                                              conv_general_dilated, dot, dot_general,
+                                              einsum, matmul)
+from models.quantization.recording import OpRecord, plan, recording, unused_rules
+from models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
+                                       projections_only)
+
+__all__ = ["NUMERICS", "OPS", "OVERWRITE", "OpRecord", "PROJECTIONS", "RNG_STREAM", "Rule",
+           "conv_general_dilated", "dot", "dot_general", "einsum", "matmul", "plan",
+           "projections_only", "quantize_model", "recording", "telemetry_scalars",
+           "unused_rules"]
+
+
+def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
+                   telemetry: bool = False, rng_stream: str = RNG_STREAM,
+                   methods: Sequence[str] = ("__call__",),
+                   rngs: nnx.Rngs | None = None, strict: bool = False
+                   ) -> nn.Module | nnx.Module:
+  """A copy of ``model`` whose contractions follow ``rules`` (see the module docstring).
+
+  Args:
+    model: a Flax linen ``nn.Module`` or an ``nnx.Module`` (not modified).
+    rules: :class:`Rule` objects; for each op the first whose ``module_path`` matches
+      the issuing module's path and whose ``ops`` include the op's kind decides; ops no
+      rule matches are left alone.
+    telemetry: report per-operand numerics telemetry (:mod:`numerics.telemetry`) of
+      every quantized op (off by default: nothing extra is traced).
+    rng_stream: the rng stream (linen) / ``rngs`` stream (NNX) stochastic recipes draw
+      from.
+    methods: linen: the methods that run quantized (NNX: ``__call__``).
+    rngs: NNX only: the ``nnx.Rngs`` stochastic recipes draw from.
+    strict: raise (instead of warning) when a call returns and a rule has matched no
+      op in the model's calls so far.
+
+  Returns:
+    A model of the same type, with the same variables (plus the collections
+    :data:`OVERWRITE` and :data:`NUMERICS` when the rules and ``telemetry`` need them).
+  """
+  config = interception.Config(check_rules(rules), bool(telemetry), rng_stream,
+                               bool(strict))
+  if isinstance(model, nn.Module):
+    if rngs is not None:
+      raise ValueError("linen models draw keys from rng streams (apply(rngs=...)); "
+                       "rngs= is for NNX models")
+    return linen_front.quantize(model, config, tuple(methods))
+  if isinstance(model, nnx.Module):
+    if tuple(methods) != ("__call__",):
+      raise ValueError("NNX models are quantized through __call__ only")
+    return nnx_front.quantize(model, config, rngs)
+  raise TypeError(f"quantize_model expects a flax.linen or flax.nnx Module, got "
+                  f"{type(model).__name__}")
+
+
+def telemetry_scalars(numerics: Any = None, overwrite: Any = None
+                      ) -> dict[str, jax.Array]:
+  """``{"numerics/<layer>/<gemm>_<operand>/<stat>": scalar}`` from a quantized linen
+  model's sown :data:`NUMERICS` collection (forward operands) and/or the gradient of its
+  :data:`OVERWRITE` collection (backward operands). ``<layer>`` is the module path and
+  the op (``block_0/qkv/dot_general_0``); values sown more than once are averaged."""
+  out: dict[str, list] = {}
+
+  def walk(tree, prefix):
+    if isinstance(tree, dict):
+      for k, v in tree.items():
+        walk(v, prefix + (str(k),))
+    elif isinstance(tree, (tuple, list)):  # sow's tuple of calls
+      for slot_stats in tree:
+        for slot, stats in slot_stats.items():
+          for stat, value in stats.items():
+            name = "/".join(("numerics",) + prefix + (slot, stat))
+            out.setdefault(name, []).append(value)
+
+  if numerics is not None:
+    walk(numerics, ())
+  if overwrite is not None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+        overwrite, is_leaf=lambda x: isinstance(x, telemetry_lib.OperandTelemetry))[0]:
+      if not isinstance(leaf, telemetry_lib.OperandTelemetry):
+        continue
+      keys = [str(getattr(k, "key", k)) for k in path]
+      if "telemetry" not in keys:
+        continue
+      i = keys.index("telemetry")
+      layer, slot = keys[:i], keys[i + 1].replace("/", "_")
+      for stat, value in leaf._asdict().items():
+        out.setdefault("/".join(["numerics"] + layer + [slot, stat]), []).append(value)
+  return {k: jnp.mean(jnp.stack([jnp.asarray(v, jnp.float32) for v in vs]))
+          for k, vs in out.items()}
