@@ -121,8 +121,7 @@ def _reindexed(runs: Sequence[RunSpec]) -> list[RunSpec]:
   return [dataclasses.replace(r, index=i) for i, r in enumerate(runs)]
 
 
-def scheduled_runs(sweep: Sweep, runs: Sequence[RunSpec], records: Sequence[dict[str, Any]]
-                   ) -> list[RunSpec]:
+def scheduled_runs(runs: Sequence[RunSpec], records: Sequence[dict[str, Any]]) -> list[RunSpec]:
   """The runs of the recorded looks, in look order."""
   by_name = {r.run_name: r for r in runs}
   return _reindexed([by_name[n] for rec in records for n in rec["runs"]])
@@ -148,7 +147,7 @@ def run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
   records = read_looks(sweep_dir)
   _check_resumable(records, sweep, {r.run_name for r in runs}, path)
   schedule = plan.looks()
-  scheduled = scheduled_runs(sweep, runs, records)
+  scheduled = scheduled_runs(runs, records)
   claims = [dataclasses.asdict(c) for c in sweep.claims]
   if records:  # a resume: the recorded looks must still be what the results say
     values_of = _values(sweep_dir)

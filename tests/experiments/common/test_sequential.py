@@ -3,9 +3,11 @@
 The simulations use fixed seeds, so every assertion is deterministic; each states what
 its tolerance means. A false-decision rate is checked as ``observed <= level + 5 SE``
 (SE the binomial Monte Carlo error of the observed rate): if the true rate is at most
-the level, a single such check fails with probability below 2.9e-7, and the ~60 of them
-here together below 2e-5. The calibration's own Monte Carlo error is taken off the
-spend in the module (3 of its standard errors), so it does not enter these bounds.
+the level, a single such check fails with probability below 2.9e-7, and the ~110 of them
+here together below 4e-5. The calibration's own Monte Carlo error is covered in the
+module, which takes 3 of its standard errors off the spend (so the boundaries' true
+rate exceeds the level only if the calibration erred by more than 3 SE, probability
+0.0013); the envelope checks below bound both errors together.
 """
 
 import math
