@@ -102,6 +102,8 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str
           "report_dir": sweep.report_dir, "sweep_dir": repo_relative(sweep_dir),
           "claims": [dataclasses.asdict(c) for c in sweep.claims],
           "base": dataclasses.asdict(sweep.base), "git": git_state(), "num_runs": len(runs)}
+  if sweep.sequential is not None:  # only then: fixed sweeps' sweep.json stay as they were
+    info["sequential"] = dataclasses.asdict(sweep.sequential)
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
     json.dump(info, f, indent=2, sort_keys=True)
   return path

@@ -26,6 +26,7 @@ from experiments.common.stats import paired_difference, paired_equivalence, summ
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
 from experiments.common.tensorboard_reader import read_scalars
+from launch import sequential_runner
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
 FINDINGS = "FINDINGS.md"
@@ -213,7 +214,10 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
         out[m["seed"]] = v
     return out
 
-  lines += claims_table(info, values_of)
+  if info.get("sequential"):  # repeated intervals, looks and seeds used
+    lines += sequential_runner.claims_table(sweep_dir, info, values_of)
+  else:
+    lines += claims_table(info, values_of)
 
   lines += ["## Ablation table", "",
             "Mean ± sample std over seeds (n = completed runs; a cell is given only when "

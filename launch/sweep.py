@@ -38,6 +38,7 @@ from experiments.common.sweep_data import read_sweep_info
 from experiments.common.sweep_spec import Sweep
 from experiments.common.tensorboard_writer import write_hparams_experiment
 from launch import registry
+from launch import sequential_runner
 from launch.local_runner import default_parallelism, run_local
 from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
 from launch.slurm import SlurmOptions, write_array_script
@@ -199,6 +200,8 @@ def main(argv):
     raise app.UsageError("--sweep is required (or --list)")
   sweep = registry.get(FLAGS.sweep)
   sweep_dir = FLAGS.sweep_dir or os.path.join("runs", "sweeps", sweep.name)
+  if sweep.sequential is not None:
+    return main_sequential(sweep, sweep_dir)
   sweep, runs = prepare(sweep, sweep_dir, FLAGS.override, [int(x) for x in FLAGS.seeds],
                         allow_calibration_seeds=FLAGS.allow_calibration_seeds)
   if FLAGS.dry_run:
@@ -260,6 +263,64 @@ def main(argv):
     print(f"{what} {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
           file=sys.stderr)
   return _finish(sweep_dir, failed)
+
+
+def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
+  """A sweep with a sequential plan: look by look (:mod:`launch.sequential_runner`),
+  locally; a rerun resumes from the last recorded look."""
+  if FLAGS.seeds:
+    raise app.UsageError(f"sweep {sweep.name} is sequential: its plan runs the declared "
+                         "seeds in order, so --seeds does not apply")
+  if FLAGS.target != "local":
+    raise app.UsageError(f"sweep {sweep.name} is sequential, which runs locally only "
+                         "(each look waits for the previous one's results)")
+  sweep, runs = prepare(sweep, sweep_dir, FLAGS.override)
+  records = sequential_runner.read_looks(sweep_dir)
+  if FLAGS.dry_run:
+    outcomes = sequential_runner.sweep_outcomes_now(sweep, sweep_dir, len(records))
+    batch = sequential_runner.next_batch(sweep, runs, outcomes, len(records))
+    print(f"# sequential sweep {sweep.name}: looks at {list(sweep.sequential.looks())} "
+          f"seeds, {len(records)} recorded; next look: {len(batch)} runs "
+          f"-> {repo_relative(sweep_dir)}")
+    for r in batch:
+      print(r.shell_command())
+    return 0
+  refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
+  if refusal:
+    print(refusal, file=sys.stderr)
+    return 2
+  stale = stale_run_dirs(runs, sweep_dir)
+  if stale:
+    print(f"refusing to run sweep {sweep.name}: {os.path.join(sweep_dir, 'runs')} holds "
+          f"run directories that are not runs of this sweep ({', '.join(stale[:5])}"
+          f"{', ...' if len(stale) > 5 else ''}). Remove them or choose another --sweep_dir.",
+          file=sys.stderr)
+    return 2
+  parallel = FLAGS.parallel or default_parallelism(FLAGS.cpus_per_run, FLAGS.mem_per_run_gb)
+  outcomes = []
+
+  def prepare_look(scheduled: list[RunSpec]) -> None:
+    manifest = write_manifest(sweep, scheduled, sweep_dir)
+    write_tensorboard_experiment(sweep, scheduled, sweep_dir)
+    print(f"manifest: {repo_relative(manifest)} ({len(scheduled)} runs so far)")
+
+  def run_batch(scheduled: list[RunSpec]) -> None:
+    outcomes.extend(run_local(scheduled, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
+                              timeout_s=FLAGS.run_timeout_s or None))
+
+  t0 = time.monotonic()
+  result = sequential_runner.run_sequential(sweep, sweep_dir, runs, run_batch, prepare_look)
+  executed = [o for o in outcomes if o.returncode is not None]
+  if executed:
+    record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
+  failed = [o for o in outcomes if o.status in ("failed", "preempted")]
+  for o in failed:
+    print(f"{o.status.upper()} {o.run_name} (rc={o.returncode}); log: "
+          f"{repo_relative(o.log_path)}", file=sys.stderr)
+  if result.missing:
+    print(f"look {len(result.looks) + 1} is not complete ({len(result.missing)} runs without "
+          "a results row); rerun the sweep to resume it", file=sys.stderr)
+  return _finish(sweep_dir, failed or result.missing)
 
 
 def _finish(sweep_dir: str, failed: Sequence[object]) -> int:

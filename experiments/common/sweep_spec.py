@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from experiments.common.config_flags import replace_checked
+from experiments.common.sequential import SequentialPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,10 @@ class Sweep:
       repository root (``experiments/<paper>/report``); empty if none is committed.
     claims: the paper's claims this sweep decides (:class:`Claim`), tabulated by the
       report with their paired statistics and verdicts.
+    sequential: a :class:`experiments.common.sequential.SequentialPlan` (None: a fixed
+      sweep, every arm on every seed): ``launch.sweep`` then runs the first ``cap``
+      seeds in looks, only for the arms that an undecided claim names, and the report
+      decides the claims by repeated confidence intervals (docs/sweeps.md).
   """
 
   name: str
@@ -107,6 +112,7 @@ class Sweep:
   calibration_seeds: tuple[int, ...] = ()
   report_dir: str = ""
   claims: tuple[Claim, ...] = ()
+  sequential: SequentialPlan | None = None
 
   def __post_init__(self):
     names = [a.name for a in self.arms]
@@ -131,5 +137,14 @@ class Sweep:
       for arm in (claim.arm, claim.baseline):
         if arm not in names:
           raise ValueError(f"claim {claim.text!r} names arm {arm!r}, not one of {names}")
+    if self.sequential is not None:
+      if not isinstance(self.sequential, SequentialPlan):
+        raise TypeError(f"sweep {self.name!r}: sequential must be a SequentialPlan, got "
+                        f"{self.sequential!r}")
+      if not self.claims:
+        raise ValueError(f"sweep {self.name!r} has a sequential plan but no claims to decide")
+      if self.sequential.cap > len(self.seeds):
+        raise ValueError(f"sweep {self.name!r}: the sequential plan's cap "
+                         f"{self.sequential.cap} exceeds its {len(self.seeds)} seeds")
     for arm in self.arms:  # fail at declaration, not halfway through a launch
       replace_checked(self.base, {**arm.overrides, self.seed_field: self.seeds[0]})
