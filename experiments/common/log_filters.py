@@ -2,7 +2,9 @@
 
 orbax logs ~20 INFO lines per save, and when a save fails (a full disk) it logs the
 error with its traceback from each of its worker threads before re-raising it to the
-caller, which reports it once (:mod:`experiments.common.script`).
+caller, which reports it once (:mod:`experiments.common.script`). JAX logs at INFO that
+it found no TPU ("Unable to initialize backend 'tpu'") on every CPU start, and
+TensorBoard's event reader one "No path found after ..." line per run directory read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ class _DropInfoFrom(std_logging.Filter):
     return not from_library
 
 
-def quiet_library_info(path_fragments: tuple[str, ...] = ("/orbax/",)) -> None:
+_LIBRARIES = ("/orbax/", "/jax/_src/xla_bridge.py", "/tensorboard/")
+
+
+def quiet_library_info(path_fragments: tuple[str, ...] = _LIBRARIES) -> None:
   """Drops INFO/DEBUG records emitted from files under ``path_fragments``, and their
   worker threads' logged copies of re-raised exceptions (entry points only)."""
   handler = logging.get_absl_handler()

@@ -69,8 +69,9 @@ class LMConfig:
   d_ff: int = config_field(512, "Feed-forward hidden width.", domain="[1, inf)")
   num_steps: int = config_field(1000, "Training steps.", domain="[1, inf)")
   learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
-  warmup_steps: int = config_field(100, "Linear warmup steps, then cosine decay to 10%.",
-                                   domain="[0, inf)")
+  warmup_steps: int = config_field(
+      -1, "Linear warmup steps, then cosine decay to 10% (-1: a tenth of num_steps).",
+      domain="[-1, inf)")
   weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.", domain="[0, inf)")
   beta2: float = config_field(0.95, "AdamW second-moment decay.", domain="[0, 1)")
   grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).",
@@ -96,8 +97,13 @@ class LMConfig:
     for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if self.warmup_steps < 0 or self.warmup_steps >= self.num_steps:
-      raise ValueError(f"warmup_steps must be in [0, num_steps), got {self.warmup_steps}")
+    if self.warmup_steps >= self.num_steps:
+      raise ValueError(f"warmup_steps must be below num_steps ({self.num_steps}), got "
+                       f"{self.warmup_steps}")
+
+  def warmup(self) -> int:
+    """The warmup steps: ``warmup_steps``, or a tenth of ``num_steps`` when it is -1."""
+    return self.num_steps // 10 if self.warmup_steps == -1 else self.warmup_steps
 
   # Hooks a derived experiment (experiments.alto) overrides; the trainer calls only these.
   def transformer_config(self, vocab_size: int) -> TransformerConfig:
@@ -132,7 +138,7 @@ def make_optimizer(config: LMConfig, adamw: Callable[..., optax.GradientTransfor
   a drop-in such as :func:`numerics.optim.quantized_adam.quantized_adamw` with its
   state format bound).
   """
-  return scheduled_adamw(config.learning_rate, config.num_steps, config.warmup_steps,
+  return scheduled_adamw(config.learning_rate, config.num_steps, config.warmup(),
                          config.weight_decay, config.beta2, config.grad_clip, adamw)
 
 
@@ -186,7 +192,8 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                                    config.max_chars)
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(splits.vocab.size)),
-      config.quantization_rules(), telemetry=config.numerics_telemetry)
+      config.quantization_rules(), telemetry=config.numerics_telemetry,
+      unused_rules="ignore")  # one rule list for dense and MoE models (router rule)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)

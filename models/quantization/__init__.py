@@ -37,7 +37,7 @@ give them a ``recipe=None`` rule.
 
 :func:`recording` lists every op the model issued, caught or not, with how it ran and
 why; a rule that matched no op in the model's calls so far warns when the call returns
-(``strict=True``: raises). :func:`projections_only` is the common preset: projections in
+(``unused_rules="raise"``: raises; ``"ignore"``: silent). :func:`projections_only` is the common preset: projections in
 the recipe, attention products and the output head in bf16.
 
 Randomness (stochastic rounding, Hadamard transforms): linen ops draw their key with
@@ -89,7 +89,7 @@ __all__ = ["NUMERICS", "OPS", "OVERWRITE", "OpRecord", "PROJECTIONS", "RNG_STREA
 def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
                    telemetry: bool = False, rng_stream: str = RNG_STREAM,
                    methods: Sequence[str] = ("__call__",),
-                   rngs: nnx.Rngs | None = None, strict: bool = False
+                   rngs: nnx.Rngs | None = None, unused_rules: str = "warn"
                    ) -> nn.Module | nnx.Module:
   """A copy of ``model`` whose contractions follow ``rules`` (see the module docstring).
 
@@ -104,15 +104,20 @@ def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
       from.
     methods: linen: the methods that run quantized (NNX: ``__call__``).
     rngs: NNX only: the ``nnx.Rngs`` stochastic recipes draw from.
-    strict: raise (instead of warning) when a call returns and a rule has matched no
-      op in the model's calls so far.
+    unused_rules: what happens when a call returns and a rule has matched no op in the
+      model's calls so far: ``"warn"`` (a UserWarning naming it), ``"raise"``
+      (ValueError) or ``"ignore"`` (for a rule list written for a family of models,
+      e.g. one with a mixture-of-experts router rule applied to a dense model).
 
   Returns:
     A model of the same type, with the same variables (plus the collections
     :data:`OVERWRITE` and :data:`NUMERICS` when the rules and ``telemetry`` need them).
   """
+  if unused_rules not in interception.UNUSED_RULES:
+    raise ValueError(f"unused_rules must be one of {interception.UNUSED_RULES}, got "
+                     f"{unused_rules!r}")
   config = interception.Config(check_rules(rules), bool(telemetry), rng_stream,
-                               bool(strict))
+                               unused_rules)
   if isinstance(model, nn.Module):
     if rngs is not None:
       raise ValueError("linen models draw keys from rng streams (apply(rngs=...)); "

@@ -49,6 +49,7 @@ from models.quantization.rules import Rule
 OVERWRITE = "_overwrite_with_gradient"  # flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT
 NUMERICS = "numerics"
 RNG_STREAM = "quant"
+UNUSED_RULES = ("warn", "raise", "ignore")
 
 # The functions the model would have called (captured before any interception).
 LAX_DOT_GENERAL = lax.dot_general
@@ -77,7 +78,7 @@ class Config:
   rules: tuple[Rule, ...]
   telemetry: bool
   rng_stream: str
-  strict: bool = False
+  unused_rules: str = "warn"  # one of UNUSED_RULES
   caught: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
 
@@ -137,7 +138,7 @@ def _install(intercepting: bool) -> None:
 def activate(context: Context) -> Iterator[None]:
   """Installs the interceptors (process-wide, counted) and makes ``context`` this
   thread's; other threads see the original functions. When the outermost call ends,
-  rules that matched no op warn (or raise with ``strict``)."""
+  rules that matched no op warn (or raise, or pass: ``unused_rules``)."""
   global _patch_count
   with _patch_lock:
     if _patch_count == 0:
@@ -158,14 +159,14 @@ def activate(context: Context) -> Iterator[None]:
 
 def _check_unused(config: Config) -> None:
   unused = [r for r in config.rules if id(r) not in config.caught]
-  if not unused:
+  if not unused or config.unused_rules == "ignore":
     return
   names = ", ".join(f"Rule({r.module_path!r}, {r.recipe_name!r}, ops={r.ops})"
                     for r in unused)
   message = (f"quantize_model: {names} matched no op of the model in its calls so far "
              f"(a typo in a module path? models.quantization.recording() lists the paths "
              f"and op kinds the model issues)")
-  if config.strict:
+  if config.unused_rules == "raise":
     raise ValueError(message)
   warnings.warn(message, stacklevel=4)
 

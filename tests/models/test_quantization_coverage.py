@@ -9,6 +9,7 @@ numerics.qdot / numerics.qconv injected by hand.
 """
 
 import functools
+import warnings
 
 import chex
 from flax import linen as nn
@@ -151,13 +152,19 @@ def test_projections_only_keeps_attention_products_and_head_in_bf16(vit_params):
   assert by_op[("attn/query", "dot_general_0")].rule is rules[2]
 
 
-def test_a_rule_that_matches_nothing_warns_and_strict_raises(vit_params):
+def test_a_rule_that_matches_nothing_warns_raises_or_passes(vit_params):
   rules = [models.Rule("heda", "bf16"), models.Rule(".*", RECIPE)]
   with pytest.warns(UserWarning, match="'heda'.*matched no op"):
     jax.eval_shape(models.quantize_model(ViT(), rules).apply, vit_params, _img())
   with pytest.raises(ValueError, match="'heda'.*matched no op"):
-    jax.eval_shape(models.quantize_model(ViT(), rules, strict=True).apply, vit_params,
-                   _img())
+    jax.eval_shape(models.quantize_model(ViT(), rules, unused_rules="raise").apply,
+                   vit_params, _img())
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.eval_shape(models.quantize_model(ViT(), rules, unused_rules="ignore").apply,
+                   vit_params, _img())
+  with pytest.raises(ValueError, match="unused_rules must be one of"):
+    models.quantize_model(ViT(), rules, unused_rules="quiet")
 
 
 class Grouped(nn.Module):

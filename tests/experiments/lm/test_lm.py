@@ -142,3 +142,13 @@ def test_delayed_scaling_state_and_telemetry_are_carried_and_logged(tmp_path):
   sqnr = [v for _, v in scalars[f"{layer}/forward_lhs/sqnr_db"]]
   assert sqnr[1] != sqnr[0]
   assert not any(t.startswith("numerics/head") for t in scalars)  # bf16: no telemetry
+
+
+def test_default_warmup_is_a_tenth_of_the_steps_so_short_runs_work():
+  """`python -m experiments.lm --num_steps=100` used to exit 2 (warmup 100 >= steps)."""
+  assert lm.LMConfig().warmup() == 100  # the default 1000 steps: as before
+  assert lm.LMConfig(num_steps=100).warmup() == 10
+  assert lm.LMConfig(num_steps=5).warmup() == 0
+  assert lm.LMConfig(num_steps=100, warmup_steps=7).warmup() == 7
+  with pytest.raises(ValueError, match="warmup_steps must be below num_steps"):
+    lm.LMConfig(num_steps=100, warmup_steps=100)
