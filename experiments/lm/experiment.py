@@ -192,8 +192,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                                    config.max_chars)
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(splits.vocab.size)),
-      config.quantization_rules(), telemetry=config.numerics_telemetry,
-      unused_rules="ignore")  # one rule list for dense and MoE models (router rule)
+      config.quantization_rules(), telemetry=config.numerics_telemetry)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)

@@ -150,8 +150,7 @@ class LoopedRLConfig:
                           d_ff=self.d_ff, max_len=length),
         looped.LoopConfig(self.max_loops, "threshold", self.threshold))
     return quantization.quantize_model(
-        plain, recipe_flag.looped_rules(self.recipe if recipe is None else recipe),
-        unused_rules="ignore")  # the shared rule list's MoE router rule
+        plain, recipe_flag.looped_rules(self.recipe if recipe is None else recipe))
 
   def warm_start_fields(self) -> dict[str, Any]:
     keys = ("digits", "d_model", "num_layers", "num_heads", "d_ff", "max_loops",

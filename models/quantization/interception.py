@@ -158,7 +158,7 @@ def activate(context: Context) -> Iterator[None]:
 
 
 def _check_unused(config: Config) -> None:
-  unused = [r for r in config.rules if id(r) not in config.caught]
+  unused = [r for r in config.rules if r.required and id(r) not in config.caught]
   if not unused or config.unused_rules == "ignore":
     return
   names = ", ".join(f"Rule({r.module_path!r}, {r.recipe_name!r}, ops={r.ops})"

@@ -29,8 +29,7 @@ SETTINGS = {"fp32": ("fp32", KVQuantSpec()),
 
 def _model(recipe, halting="threshold"):
   loop = looped.LoopConfig(R, halting, THRESHOLD if halting == "threshold" else None)
-  return quantization.quantize_model(looped.LoopedLM(CFG, loop), looped_rules(recipe),
-                                     unused_rules="ignore")
+  return quantization.quantize_model(looped.LoopedLM(CFG, loop), looped_rules(recipe))
 
 
 @functools.lru_cache(maxsize=None)
