@@ -62,7 +62,26 @@ def provenance(info: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[st
   for (c, dirty), names in sorted(others.items()):
     lines.append(f"- **{len(names)} run(s) ran from commit `{c}`"
                  + (" (dirty)" if dirty else "") + "**: " + ", ".join(f"`{n}`" for n in names))
+  spanning = [f"`{name}` ({span})" for name, row in sorted(rows.items())
+              if (span := _commit_span(row.get("git_segments") or []))]
+  if spanning:
+    lines.append(f"- **{len(spanning)} run(s) span commits** (resumed from other code than "
+                 "their earlier steps ran): " + "; ".join(spanning))
   return lines
+
+
+def _commit_span(segments: list[dict[str, Any]]) -> str:
+  """``steps 0-: `abc`, steps 40-: `def` (dirty)`` where a run's segments ran from more
+  than one (commit, dirty) state; empty where they all ran from one."""
+  merged: list[dict[str, Any]] = []
+  for s in segments:
+    if not merged or (merged[-1].get("commit"), bool(merged[-1].get("dirty"))) != (
+        s.get("commit"), bool(s.get("dirty"))):
+      merged.append(s)
+  if len(merged) < 2:
+    return ""
+  return ", ".join(f"steps {s.get('step', '?')}-: `{str(s.get('commit'))[:12]}`"
+                   + (" (dirty)" if s.get("dirty") else "") for s in merged)
 
 
 def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],

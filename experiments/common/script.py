@@ -24,9 +24,10 @@ from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.run_options import RunOptions, resolve_run_options
 
 # Exit statuses of an experiment script (documented in the README):
-# 0 completed (or already completed: nothing written); 1 an error; 2 a usage or config
-# error before training; 75 stopped early with a checkpoint (preempted: rerun with
-# --resume); 74 (EX_IOERR) out of disk space.
+# 0 completed (or already completed: nothing trained, its results row restored if it
+# was lost); 1 an error; 2 a usage or config error, or a refusal, before training;
+# 75 stopped early with a checkpoint (preempted: rerun with --resume); 74 (EX_IOERR)
+# out of disk space.
 DISK_FULL_EXIT_CODE = 74
 
 TrainFn = Callable[[Any, RunOptions], dict[str, Any]]
@@ -94,7 +95,7 @@ def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
     except workdir_lib.RunAlreadyCompleted as e:
       print(e)
       sys.exit(0)
-    except (workdir_lib.WorkdirInUse, FileExistsError) as e:
+    except (workdir_lib.WorkdirInUse, workdir_lib.RunRefused, FileExistsError) as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     except BaseException as e:  # pylint: disable=broad-except

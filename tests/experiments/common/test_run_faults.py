@@ -20,7 +20,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments.common import results as results_lib
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
-from experiments.common.config_flags import config_to_flags
 from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
@@ -29,20 +28,7 @@ from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
 from experiments.lm import experiment as lm
-
-TINY = lm.LMConfig(num_steps=8, warmup_steps=1, seq_len=16, batch_size=4, d_model=16,
-                   num_layers=1, num_heads=2, d_ff=32, eval_every=4, eval_batches=1,
-                   log_every=1, checkpoint_every=4, histogram_every=0, max_chars=20_000,
-                   recipe="fp32")
-
-
-def _run(workdir, config=TINY, **options):
-  return lm.train_and_evaluate(config, RunOptions(workdir=str(workdir), **options))
-
-
-def _cli(workdir, *flags, config=TINY):
-  return [sys.executable, "-m", "experiments.lm", *config_to_flags(config),
-          f"--workdir={workdir}", *flags]
+from tests.experiments.common.tiny_lm import TINY, cli as _cli, run as _run
 
 
 # ----------------------------------------------------------------- results and rows
