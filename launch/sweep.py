@@ -18,6 +18,12 @@ commit it ran from and, after a local run, its measured duration), ``runs/<run_n
 A sweep records the commit its runs execute, so it refuses to start from a tree with
 uncommitted changes to tracked files (``--allow_dirty`` overrides; the report then says
 so). Regenerating a paper's committed evidence is ``--sweep_dir=<its report_dir>``.
+
+One sweep at a time per directory: a sweep holds ``<sweep_dir>/.lock`` while it runs,
+and a second one is refused, naming the holder. Ctrl-C stops a local sweep's runs once
+and cleanly (each checkpoints; they are reported preempted, no report is built, and
+the exit status is 130); a second Ctrl-C kills them. Rerunning the same command resumes
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Sequence
 
 from absl import app, flags
 
+from experiments.common import workdir as workdir_lib
 from experiments.common.config_flags import parse_override
 from experiments.common.repo_paths import REPO_DIR, repo_relative
 from experiments.common.run_metadata import git_state
@@ -38,12 +45,13 @@ from experiments.common.sweep_data import read_sweep_info
 from experiments.common.sweep_spec import Sweep
 from experiments.common.tensorboard_writer import write_hparams_experiment
 from launch import registry
-from launch.local_runner import default_parallelism, run_local
+from launch.local_runner import RunOutcome, SweepInterrupted, default_parallelism, run_local
 from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
 from launch.slurm import SlurmOptions, write_array_script
 from launch.slurm_runner import run_slurm, scheduler_available
 
 FLAGS = flags.FLAGS
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def define_flags() -> None:
@@ -211,6 +219,22 @@ def main(argv):
   if refusal:
     print(refusal, file=sys.stderr)
     return 2
+  try:
+    lock = workdir_lib.lock_directory(sweep_dir)  # held until this process exits
+  except workdir_lib.DirectoryLocked as e:
+    print(f"refusing to run sweep {sweep.name}: {repo_relative(sweep_dir)} is in use by "
+          f"another launch.sweep ({e.holder}); two sweeps on one directory would each "
+          "take the other's runs for failures. Wait for it, stop it, or choose another "
+          "--sweep_dir.", file=sys.stderr)
+    return 2
+  try:
+    return _run_sweep(sweep, runs, sweep_dir)
+  finally:
+    lock.close()
+
+
+def _run_sweep(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> int:
+  """Writes the manifest, runs the sweep (locally or on SLURM) and reports it."""
   stale = stale_run_dirs(runs, sweep_dir)
   if stale:
     print(f"refusing to run sweep {sweep.name}: {os.path.join(sweep_dir, 'runs')} holds "
@@ -248,18 +272,30 @@ def main(argv):
     return _finish(sweep_dir, failed)
   parallel = FLAGS.parallel or default_parallelism(FLAGS.cpus_per_run, FLAGS.mem_per_run_gb)
   t0 = time.monotonic()
-  outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
-                       timeout_s=FLAGS.run_timeout_s or None)
+  try:
+    outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
+                         timeout_s=FLAGS.run_timeout_s or None)
+  except SweepInterrupted as stop:
+    _print_unfinished(stop.outcomes)
+    print(f"interrupted: {len(stop.not_started)} run(s) not started; rerun the same "
+          "command to resume the stopped runs and start the rest (no report built)",
+          file=sys.stderr)
+    return INTERRUPTED_EXIT_CODE
   executed = [o for o in outcomes if o.returncode is not None]
   if executed:
     record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
-  failed = [o for o in outcomes if o.status in ("failed", "preempted")]
-  for o in failed:
+  return _finish(sweep_dir, _print_unfinished(outcomes))
+
+
+def _print_unfinished(outcomes: Sequence[RunOutcome]) -> list[RunOutcome]:
+  """Prints a line per run that failed or stopped early; returns them."""
+  unfinished = [o for o in outcomes if o.status in ("failed", "preempted")]
+  for o in unfinished:
     what = ("PREEMPTED (checkpointed, no results row: rerun the sweep to resume it)"
             if o.status == "preempted" else "FAILED")
     print(f"{what} {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
           file=sys.stderr)
-  return _finish(sweep_dir, failed)
+  return unfinished
 
 
 def _finish(sweep_dir: str, failed: Sequence[object]) -> int:

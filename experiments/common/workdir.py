@@ -146,26 +146,67 @@ class Claim:
     self.release()
 
 
-def _lock(workdir: str) -> Any:
-  os.makedirs(workdir, exist_ok=True)
-  f = open(os.path.join(workdir, LOCK), "a+")
+class DirectoryLocked(RuntimeError):
+  """A live process holds the lock of ``directory``; ``holder`` is what it wrote there
+  (its pid, host and start time)."""
+
+  def __init__(self, directory: str, holder: str):
+    super().__init__(f"{directory} is locked by {holder}")
+    self.directory = directory
+    self.holder = holder
+
+
+def lock_directory(directory: str) -> Any:
+  """Takes the exclusive ``flock`` on ``<directory>/.lock`` (creating both) and writes
+  this process's pid, host and time into it; returns the open file, which holds the
+  lock until it is closed or this process exits.
+
+  Raises:
+    DirectoryLocked: another live process holds it.
+  """
+  os.makedirs(directory, exist_ok=True)
+  f = open(os.path.join(directory, LOCK), "a+")
   try:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
     f.seek(0)
     holder = f.read().strip() or "unknown"
     f.close()
-    raise WorkdirInUse(
-        f"{workdir} is in use by another process ({holder}); refusing to run a second "
-        "process on it (it would mix two runs' checkpoints, events and results). A "
-        "lock is released when its holder exits, even when killed, so that process is "
-        "alive: wait for it, stop it, or choose another --workdir.") from None
+    raise DirectoryLocked(directory, holder) from None
   f.seek(0)
   f.truncate()
   f.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
   f.flush()
   return f
+
+
+def lock_holder(directory: str) -> str | None:
+  """Who holds the lock of ``directory`` (what it wrote: pid, host, time), or None when
+  nobody does. Probes without creating anything."""
+  path = os.path.join(directory, LOCK)
+  try:
+    f = open(path, "r")
+  except FileNotFoundError:
+    return None
+  with f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return f.read().strip() or "unknown"
+    fcntl.flock(f, fcntl.LOCK_UN)
+  return None
+
+
+def _lock(workdir: str) -> Any:
+  try:
+    return lock_directory(workdir)
+  except DirectoryLocked as e:
+    raise WorkdirInUse(
+        f"{workdir} is in use by another process ({e.holder}); refusing to run a second "
+        "process on it (it would mix two runs' checkpoints, events and results). A "
+        "lock is released when its holder exits, even when killed, so that process is "
+        "alive: wait for it, stop it, or choose another --workdir.") from None
 
 
 def check_results_writable(results_file: str) -> None:

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments.common import results as results_lib
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
-from experiments.common.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.preemption import PREEMPTED_EXIT_CODE, PreemptionWatcher
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
@@ -157,8 +157,11 @@ def test_steps_logged_past_the_checkpoint_are_superseded_after_a_resume(tmp_path
 # ------------------------------------------------------------ exits and validation
 
 
-def test_sigterm_checkpoints_and_exits_with_the_preempted_status(tmp_path):
-  """Before: a SIGTERM'd run exited 0, so a sweep counted it as a success."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_checkpoints_and_exits_with_the_preempted_status(tmp_path, signum):
+  """Before: a SIGTERM'd run exited 0, so a sweep counted it as a success; a Ctrl-C'd
+  (SIGINT) one died with rc 130 and a KeyboardInterrupt traceback, losing every step
+  since its last checkpoint (issue 35)."""
   config = dataclasses.replace(TINY, num_steps=100_000, checkpoint_every=0, eval_every=0)
   wd = tmp_path / "run"
   proc = subprocess.Popen(_cli(wd, config=config), stdout=subprocess.PIPE,
@@ -169,13 +172,26 @@ def test_sigterm_checkpoints_and_exits_with_the_preempted_status(tmp_path):
     if "train step 1/" in line:
       break
   assert proc.poll() is None, "".join(seen)[-2000:]
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   out, _ = proc.communicate(timeout=240)
   out = "".join(seen) + out
   assert proc.returncode == PREEMPTED_EXIT_CODE, out[-2000:]
   assert "stopped at step" in out and "continue with --resume" in out
+  assert "Traceback" not in out
   assert read_results(str(wd / "results.jsonl")) == []
   assert Checkpointer(str(wd / "checkpoints")).latest_step() > 0
+
+
+def test_a_second_ctrl_c_stops_at_once():
+  """The first SIGINT asks for a checkpoint; the next raises KeyboardInterrupt, so a
+  run whose step or checkpoint hangs can still be stopped."""
+  before = signal.getsignal(signal.SIGINT)
+  with PreemptionWatcher() as watcher:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert watcher.requested(1)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_the_sweep_runner_reports_a_preempted_run_and_counts_it_missing(tmp_path):
