@@ -16,11 +16,13 @@ import collections
 import importlib
 import math
 import os
+import shlex
 import sys
 from typing import Any
 
 from absl import app, flags
 
+from experiments.common.config_flags import flag_value
 from experiments.common.curve_plots import plot_curves
 from experiments.common.stats import paired_difference, paired_equivalence, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
@@ -202,7 +204,14 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
       f"(baseline `{baseline}`); evaluation seeds: {info['seeds']}"
       + (f"; calibration seeds (never evaluated): {cal_seeds}" if cal_seeds else ""),
       f"- runs completed: {len(rows)} of {len(manifest)}", *provenance(info, rows),
-      f"- sweep directory: `{recorded_dir}`", ""]
+      f"- sweep directory: `{recorded_dir}`"]
+  overrides = info.get("overrides") or {}
+  override_flags = "".join(
+      " " + shlex.quote(f"--override={k}={flag_value(v)}") for k, v in sorted(overrides.items()))
+  if overrides:
+    lines.append("- overrides applied to every run over the declared sweep (`--override`): "
+                 + ", ".join(f"`{k}={flag_value(v)}`" for k, v in sorted(overrides.items())))
+  lines.append("")
   missing = [m["run_name"] for m in manifest if m["run_name"] not in rows]
   if missing:
     lines += ["**Missing runs** (no results row; see their `launch.log`): "
@@ -309,7 +318,8 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
                  + f" | {_fmt(row.get('steps_per_s'), 2)} | {_fmt(row.get('wall_s'), 1)} |")
   lines += ["", "## Reproduce", "",
-            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}` "
+            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
+            f"{override_flags}` "
             f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
             f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
             f"from the committed data; `tensorboard --logdir {recorded_dir} "

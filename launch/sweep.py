@@ -8,8 +8,9 @@
     python -m launch.sweep --sweep=lm_recipes --override=num_steps=50   # every run
 
 Outputs under ``--sweep_dir`` (default ``runs/sweeps/<sweep>``): ``manifest.jsonl`` (one
-run per line, with its flags and command), ``sweep.json`` (the declaration, the git
-commit it ran from and, after a local run, its measured duration), ``runs/<run_name>/``
+run per line, with its flags and command), ``sweep.json`` (the declaration, the
+``--override`` values applied over it, the git commit it ran from and, after a local
+run, its measured duration), ``runs/<run_name>/``
 (each run's TensorBoard events, config.json, checkpoints, launch.log),
 ``results.jsonl`` and, after the runs, ``REPORT.md`` with ``plots/``. On SLURM also
 ``slurm_array.sbatch``, ``commands.txt`` and ``slurm/`` (each task's output, and
@@ -33,7 +34,7 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import app, flags
 
@@ -100,6 +101,11 @@ def define_flags() -> None:
                        "a result (preempted, timed out) is submitted again.")
 
 
+def parse_overrides(sweep: Sweep, overrides: Sequence[str]) -> dict[str, Any]:
+  """``--override`` values (``name=value``) as config values of the sweep's base."""
+  return dict(parse_override(o, sweep.base) for o in overrides)
+
+
 def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
             seeds: Sequence[int] = (), *, allow_calibration_seeds: bool = False
             ) -> tuple[Sweep, list[RunSpec]]:
@@ -108,7 +114,7 @@ def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
   ``seeds``, if given, must be a subset of the declared evaluation seeds (a quicker
   partial sweep), or of the calibration seeds with ``allow_calibration_seeds``.
   """
-  extra = dict(parse_override(o, sweep.base) for o in overrides)
+  extra = parse_overrides(sweep, overrides)
   calibration: list[int] = []
   if seeds:
     calibration = [s for s in sweep.calibration_seeds if s in seeds]
@@ -228,12 +234,13 @@ def main(argv):
           "--sweep_dir.", file=sys.stderr)
     return 2
   try:
-    return _run_sweep(sweep, runs, sweep_dir)
+    return _run_sweep(sweep, runs, sweep_dir, parse_overrides(sweep, FLAGS.override))
   finally:
     lock.close()
 
 
-def _run_sweep(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> int:
+def _run_sweep(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str,
+               overrides: dict[str, Any]) -> int:
   """Writes the manifest, runs the sweep (locally or on SLURM) and reports it."""
   stale = stale_run_dirs(runs, sweep_dir)
   if stale:
@@ -243,7 +250,7 @@ def _run_sweep(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> int:
           "them with these runs. Remove them or choose another --sweep_dir.",
           file=sys.stderr)
     return 2
-  manifest = write_manifest(sweep, runs, sweep_dir)
+  manifest = write_manifest(sweep, runs, sweep_dir, overrides=overrides)
   write_tensorboard_experiment(sweep, runs, sweep_dir)
   print(f"manifest: {repo_relative(manifest)} ({len(runs)} runs)")
   if FLAGS.target == "slurm":
