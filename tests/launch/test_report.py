@@ -129,6 +129,35 @@ def _synthetic_sweep(tmp_path, overrides=None):
   return runs
 
 
+def test_curves_over_fewer_runs_than_the_table_and_damaged_events_are_named(tmp_path):
+  """Before: with a run's event files missing the report said 4 of 4 runs and averaged
+  its curves over fewer, with no note; a damaged event file lost every record after
+  the damage, silently (issue 35)."""
+  import os  # pylint: disable=import-outside-toplevel
+  runs = _synthetic_sweep(tmp_path)
+  complete = open(build_report(str(tmp_path))).read()
+  lost, damaged = runs[3], runs[1]
+  for f in os.listdir(lost.workdir):
+    os.remove(os.path.join(lost.workdir, f))
+  [events] = [os.path.join(damaged.workdir, f) for f in os.listdir(damaged.workdir)]
+  raw = bytearray(open(events, "rb").read())
+  raw[len(raw) // 2] ^= 0xFF
+  open(events, "wb").write(bytes(raw))
+  text = open(build_report(str(tmp_path))).read()
+  assert "- runs completed: 4 of 4" in text
+  assert f"**Completed runs without events** (no event file in their run directory, so no " \
+         f"curves): `{lost.run_name}`" in text
+  name = os.path.relpath(events, tmp_path)
+  assert f"**Damaged event files** " in text and f"`{name}: bytes " in text
+  for tag in ("train/loss", "eval/loss"):
+    assert (f"`{tag}` curves not over the table's runs: `low` is the mean of 1 run(s), "
+            f"not the table's 2 (no `{tag}` events in `{lost.run_name}`).") in text
+  # Only these lines are new: a complete sweep's report is as before.
+  new = [l for l in text.splitlines() if l not in complete.splitlines()]
+  assert len(new) == 4 and not any("Damaged" in l or "without events" in l or "not over" in l
+                                   for l in complete.splitlines())
+
+
 def test_overrides_are_recorded_and_in_the_reproduce_command(tmp_path):
   """Before: ``launch.sweep --override=num_steps=60`` left sweep.json saying the
   declared 1000 steps, and REPORT.md and its Reproduce command never mentioned it."""
