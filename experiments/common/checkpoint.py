@@ -5,8 +5,9 @@ optimizer state, step counter and the loop's PRNG key) and ``meta`` (JSON: step,
 data iterator's position, the loop's record of the run so far, a SHA-256 of every
 array and, when the checkpointer is given one, the run's config, so a resume can be
 checked against the config the arrays were trained with even when ``config.json`` is
-gone: :func:`experiments.common.workdir.claim`). Saves are synchronous: the train step donates its state buffers, and a
-synchronous save guarantees they are on disk before they are reused.
+gone: :func:`experiments.common.workdir.claim`). Saves are synchronous: the train step
+donates its state buffers, and a synchronous save guarantees they are on disk before
+they are reused.
 
 Integrity: :meth:`Checkpointer.restore` recomputes every array's checksum and compares
 it with the one recorded when the checkpoint was written;

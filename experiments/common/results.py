@@ -24,7 +24,8 @@ from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common.repo_paths import repo_relative
 # Re-exported: the results table's readers and writers import them from here.
-from experiments.common.results_file import append_result, jsonable, read_results  # pylint: disable=unused-import
+from experiments.common.results_file import (  # pylint: disable=unused-import
+    append_result, jsonable, read_results)
 from experiments.common.train_loop import train_tag
 
 

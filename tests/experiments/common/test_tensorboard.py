@@ -1,9 +1,13 @@
 """The TF-free TensorBoard writer, read back with EventAccumulator (size_guidance 0)."""
 
+import logging
+
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from experiments.common.tensorboard_reader import (load, read_hparams_experiment,
+from experiments.common.tensorboard_reader import (event_file_damage, load,
+                                                   read_hparams_experiment,
                                                    read_hparams_session, read_histograms,
                                                    read_scalars)
 from experiments.common.tensorboard_writer import (MetricWriter, histogram_proto,
@@ -75,9 +79,6 @@ def test_hparams_type_checked(tmp_path):
 def test_a_damaged_event_file_is_read_past_the_damage_and_named(tmp_path, caplog):
   """Before: TensorBoard's reader stopped at the first record failing its checksum and
   silently dropped every record after it (issue 35)."""
-  import logging  # pylint: disable=import-outside-toplevel
-  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # pylint: disable=import-outside-toplevel
-  from experiments.common.tensorboard_reader import event_file_damage  # pylint: disable=import-outside-toplevel
   w = MetricWriter(str(tmp_path))
   for step in range(1, 41):
     w.write_scalars(step, {"train/loss": float(step)})
