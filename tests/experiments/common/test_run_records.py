@@ -147,14 +147,13 @@ def test_a_resume_with_no_record_of_its_config_is_refused(stopped, tmp_path):
 # ------------------------------------------------------------------------- commits
 
 
-def test_a_resume_from_another_commit_warns_and_both_are_recorded(tmp_path, monkeypatch,
-                                                                  caplog):
+def test_a_resume_from_another_commit_warns_and_both_are_recorded(stopped, tmp_path,
+                                                                  monkeypatch, caplog):
   """Before: a commit between the kill and ``--resume`` (one that changed a recipe
   default, say) resumed silently; config.json and the row named only the new commit."""
-  wd = tmp_path / "run"
-  old, new = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False}
-  monkeypatch.setattr(run_metadata, "git_state", lambda *a: dict(old))
-  run(wd, stop_at_step=4)
+  wd = _copy(stopped, tmp_path)
+  old = run_metadata.read_record(str(wd))["git"]  # the commit the first 4 steps ran from
+  new = {"commit": "b" * 40, "dirty": False}
   monkeypatch.setattr(run_metadata, "git_state", lambda *a: dict(new))
   with caplog.at_level(logging.WARNING):
     summary = run(wd, resume=True)
