@@ -16,6 +16,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from absl import logging
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from tensorboard.plugins.hparams import api_pb2 as hparams_api_pb2
@@ -23,6 +24,8 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from experiments.common.tensorboard_reader import event_file_damage
 
 HParamValue = bool | int | float | str
 
@@ -47,6 +50,13 @@ class MetricWriter:
   """Writes one run's events to ``logdir``; a disabled writer (non-zero process) does nothing."""
 
   def __init__(self, logdir: str, *, enabled: bool = True):
+    if enabled:
+      # A resumed run adds a file beside its earlier ones: say if one of those is
+      # damaged, as TensorBoard will stop reading it at the damage without a word.
+      for damage in event_file_damage(logdir):
+        logging.warning("damaged event file in this run's directory: %s. TensorBoard stops "
+                        "reading that file there; the sweep report reads past the damage "
+                        "and names it.", damage)
     self._writer = EventFileWriter(logdir) if enabled else None
     self.logdir = logdir
 

@@ -258,10 +258,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
         splits.train, seed=config.seed, position=position, batch_size=config.batch_size,
         seq_len=config.seq_len), mesh)
 
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"), config=config)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None,
+                         checkpointer=checkpointer,
                          writer_process=writer_process):
     start = restore_or_initialize(checkpointer, options.resume, fresh,
                                   resume_step=options.resume_step)

@@ -251,10 +251,10 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
     zeros = jnp.zeros((n,), jnp.float32)
     return Snapshot(LoopedRLState(warm, optimizer.init(warm), *([zeros] * 6)), key, 0, 0)
 
-  checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
+  checkpointer = Checkpointer(f"{options.workdir}/checkpoints", config=config)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
+                         checkpointer=checkpointer):
     start = restore_or_initialize(checkpointer, options.resume, fresh,
                                   resume_step=options.resume_step)
     writer = MetricWriter(options.workdir)

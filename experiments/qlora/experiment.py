@@ -383,10 +383,10 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
   options = resolve_run_options(options, EXPERIMENT, config)
   corpus = load_corpus(config.holdout_play, config.finetune_eval_fraction)
   model = config.model(corpus.vocab.size)
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"), config=config)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
+                         checkpointer=checkpointer):
     params, base_info = pretrained_base(config, model, corpus)
     setup = make_setup(config, model, params)
     frozen_before = tree_digest(setup.frozen) if setup.frozen is not None else ""

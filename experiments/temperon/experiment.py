@@ -335,10 +335,10 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     return digits.train_batch(train_images, train_labels, seed=config.seed,
                               position=position, batch_size=config.batch_size)
 
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
+  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"), config=config)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
+                         checkpointer=checkpointer):
     start = restore_or_initialize(checkpointer, options.resume, fresh,
                                   resume_step=options.resume_step)
     writer = MetricWriter(options.workdir)

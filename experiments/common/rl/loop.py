@@ -174,10 +174,10 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
 
   loss_fn, learner_update = learner_step_fns(config, apply, optimizer)
 
-  checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
+  checkpointer = Checkpointer(f"{options.workdir}/checkpoints", config=config)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
+                         checkpointer=checkpointer):
     start = restore_or_initialize(checkpointer, options.resume, fresh,
                                   resume_step=options.resume_step)
     writer = MetricWriter(options.workdir)
