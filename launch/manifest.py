@@ -119,9 +119,14 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str, *,
 
 def swept_hparams(sweep: Sweep, runs: Sequence[RunSpec]) -> dict[str, list[Any]]:
   """Config fields whose value differs between runs -> the values they take."""
+  return swept_values([r.config for r in runs])
+
+
+def swept_values(configs: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+  """Fields whose value differs between ``configs`` -> the values they take, in order."""
   values: dict[str, list[Any]] = {}
-  for r in runs:
-    for k, v in r.config.items():
+  for config in configs:
+    for k, v in config.items():
       values.setdefault(k, [])
       if v not in values[k]:
         values[k].append(v)

@@ -24,6 +24,7 @@ from absl import app, flags
 
 from experiments.common.config_flags import flag_value
 from experiments.common.curve_plots import plot_curves
+from experiments.common import log_filters
 from experiments.common.stats import paired_difference, paired_equivalence, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
@@ -363,8 +364,9 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
             f"{override_flags}` "
             f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
             f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
-            f"from the committed data; `tensorboard --logdir {recorded_dir} "
-            "--host 127.0.0.1` shows every run's scalars and HParams.", ""]
+            f"from the committed data; `tensorboard --logdir {recorded_dir}/runs "
+            "--host 127.0.0.1` shows every run's scalars and the HParams table (the "
+            "runs' directory: each run then has its own name).", ""]
   if info.get("appendix"):
     module, function = info["appendix"].split(":")
     lines += [getattr(importlib.import_module(module), function)(sweep_dir)]
@@ -387,6 +389,7 @@ def define_flags() -> None:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  log_filters.quiet_library_info()  # TensorBoard's reader: a line per run directory
   print(build_report(flags.FLAGS.sweep_dir, flags.FLAGS.confidence))
   return 0
 

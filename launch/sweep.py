@@ -393,7 +393,8 @@ def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)
     print(f"report: {repo_relative(path)}")
-  print(f"tensorboard --logdir {repo_relative(sweep_dir)} --host 127.0.0.1 --port 6006")
+  print(f"tensorboard --logdir {repo_relative(os.path.join(sweep_dir, 'runs'))} "
+        "--host 127.0.0.1 --port 6006")
   return 1 if failed else 0
 
 

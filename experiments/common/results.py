@@ -41,25 +41,22 @@ def write_benchmark(path: str, result: dict[str, Any], table: str) -> None:
     print(f"wrote {path}")
 
 
-# Results metrics under these namespaces are logged step by step by the loop already.
-_STEP_NAMESPACES = ("train", "eval", "perf", "rl", "export", "sync", "numerics")
-
-
 def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
                completed: bool, step: int, workdir: str | None = None) -> None:
   """Closes a run: for a completed run, its summary scalars, the HParams end record,
   one results row and (with ``workdir``) the completion mark.
 
-  The summary metrics the loop does not log per step (``reward/mean_over_training``,
-  ``cost/total_s``, ``steps_to/0.97``, ...) are written as scalars at the final step,
-  so TensorBoard's HParams table can show them as metric columns. Only a finished run
+  The summary metrics this process's writer has not logged (``reward/mean_over_training``,
+  ``cost/total_s``, ``export/lag_second_half``, ...) are written as scalars at the final
+  step, so TensorBoard's HParams table shows every metric of the results row as a
+  column and the events hold every metric a report's claims read. Only a finished run
   closes its HParams session: readers keep the first end record of a tag, so a stopped
   run that is later resumed must not have written one (and it writes no results row
   either).
   """
   if completed:
     final = {k: float(v) for k, v in summary.get("metrics", {}).items()
-             if k.split("/", 1)[0] not in _STEP_NAMESPACES
+             if k not in writer.scalar_tags
              and isinstance(v, (int, float)) and math.isfinite(v)}
     writer.write_scalars(step, final)
     writer.write_hparams_end(step, completed=True)

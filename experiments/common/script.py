@@ -69,10 +69,17 @@ def print_run(summary: dict[str, Any], options: RunOptions) -> None:
     print(f"results row:        {_shown(options.results_file)}")
   else:
     print("no results row (stopped early); continue with --resume")
-  # The parent directory: TensorBoard then names the run after its directory and fills
-  # the HParams table from every run's session there.
-  print(f"view: tensorboard --logdir {_shown(os.path.dirname(workdir))} --host 127.0.0.1 "
-        f"--port 6006   (this run: {os.path.basename(workdir)})")
+  print(f"view: tensorboard --logdir {_shown(view_dir(workdir, summary['experiment']))} "
+        f"--host 127.0.0.1 --port 6006   (this run: {os.path.basename(workdir)})")
+
+
+def view_dir(workdir: str, experiment: str) -> str:
+  """The directory to point TensorBoard at for a run: its experiment's directory when
+  the run sits in the default layout (``runs/<experiment>/<run>``: TensorBoard then
+  names each run after its directory and fills the HParams table from all of them),
+  else the run's own directory (never an arbitrary parent)."""
+  parent = os.path.dirname(os.path.abspath(workdir))
+  return parent if os.path.basename(parent) == experiment else workdir
 
 
 def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,

@@ -59,6 +59,7 @@ class MetricWriter:
                         "and names it.", damage)
     self._writer = EventFileWriter(logdir) if enabled else None
     self.logdir = logdir
+    self.scalar_tags: set[str] = set()  # tags this writer has logged a scalar of
 
   @property
   def enabled(self) -> bool:
@@ -71,6 +72,7 @@ class MetricWriter:
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     """One event holding ``tag -> float`` scalars at ``step``."""
+    self.scalar_tags.update(scalars)
     self._add(step, [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
 
   def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray], bins: int = 30

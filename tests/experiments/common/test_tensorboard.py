@@ -113,3 +113,21 @@ def test_an_event_file_cut_short_is_named(tmp_path):
   assert len(read_scalars(str(tmp_path), problems)["train/loss"]) == 9
   [damage] = problems
   assert damage.offset + damage.length == len(raw) - 7 and "truncated" in damage.reason
+
+
+def test_finish_run_logs_every_row_metric_the_writer_has_not(tmp_path):
+  """Fair Cast's export/lag_second_half was in results.jsonl only, so its HParams column
+  was empty: a completed run now logs each row metric its events lack, at the final
+  step, and no metric twice."""
+  from experiments.common.results import finish_run
+  from experiments.common.tensorboard_writer import MetricWriter
+  writer = MetricWriter(str(tmp_path / "run"))
+  writer.write_scalars(3, {"export/unchanged_step": 0.25, "train/loss": 2.0})
+  summary = {"run_name": "run", "metrics": {
+      "export/unchanged_step": 0.25, "train/loss": 2.0, "export/lag_second_half": 7.0,
+      "steps_to/0.97": 12.0, "bad": float("nan")}}
+  finish_run(writer, str(tmp_path / "results.jsonl"), summary, completed=True, step=3)
+  scalars = read_scalars(str(tmp_path / "run"))
+  assert scalars["export/lag_second_half"] == [(3, 7.0)]
+  assert scalars["steps_to/0.97"] == [(3, 12.0)]
+  assert scalars["export/unchanged_step"] == [(3, 0.25)] and "bad" not in scalars
