@@ -221,11 +221,9 @@ def check_results_writable(results_file: str) -> None:
         from None
 
 
-def _check_resumed_config(workdir: str, config: Any, has_checkpoint: bool,
-                          checkpointer: Any) -> None:
-  """Refuses a resume whose config differs from a recorded one (config.json, or the
-  checkpoints' own record, which survives config.json), or whose checkpoints have no
-  record of their config at all."""
+def _config_records(workdir: str, checkpointer: Any) -> list[tuple[str, dict]]:
+  """``(source, record)`` of the run's recorded configs: config.json, and the
+  checkpoints' own record (which survives config.json)."""
   records = []
   file_record = run_metadata.read_record(workdir)
   if file_record is not None and "config" in file_record:
@@ -233,6 +231,27 @@ def _check_resumed_config(workdir: str, config: Any, has_checkpoint: bool,
   checkpoint_record = checkpointer.recorded_config() if checkpointer is not None else None
   if checkpoint_record is not None:
     records.append(("the checkpoints", checkpoint_record))
+  return records
+
+
+def _check_completed_config(workdir: str, config: Any, checkpointer: Any) -> None:
+  """Refuses a config that differs from the one a completed run recorded (as a resume
+  with one is refused), instead of reporting the run as done."""
+  for source, record in _config_records(workdir, checkpointer):
+    diffs = run_metadata.differences(record, config)
+    if diffs:
+      raise RunRefused(
+          f"refusing to run in {workdir}: it holds a completed run whose config (in "
+          f"{source}) differs from this one in " + "; ".join(diffs) + ". Train this "
+          "config in another --workdir.")
+
+
+def _check_resumed_config(workdir: str, config: Any, has_checkpoint: bool,
+                          checkpointer: Any) -> None:
+  """Refuses a resume whose config differs from a recorded one (config.json, or the
+  checkpoints' own record, which survives config.json), or whose checkpoints have no
+  record of their config at all."""
+  records = _config_records(workdir, checkpointer)
   if has_checkpoint and not records:
     raise RunRefused(
         f"refusing to --resume {workdir}: it holds checkpoints but no record of the "
@@ -257,8 +276,8 @@ def claim(workdir: str, *, results_file: str, resume: bool, config: Any = None,
   Args:
     workdir, results_file: the run's (absolute) paths.
     resume: ``--resume`` was given.
-    config: the run's config, compared on resume with the one recorded in config.json
-      and with the one the checkpoints carry.
+    config: the run's config, compared (on resume, or with a completed run) with the
+      one recorded in config.json and with the one the checkpoints carry.
     has_checkpoint: the directory already holds a checkpoint (implied by a
       ``checkpointer`` that holds one).
     checkpointer: the run's :class:`experiments.common.checkpoint.Checkpointer`, whose
@@ -271,14 +290,16 @@ def claim(workdir: str, *, results_file: str, resume: bool, config: Any = None,
       into ``results_file`` if it was missing there or damaged).
     FileExistsError: it holds a run and ``resume`` is False.
     WorkdirInUse: another live process holds it.
-    RunRefused: resuming with a config that differs from a recorded one, or resuming
-      checkpoints with no record of their config at all.
+    RunRefused: resuming with, or finding a completed run of, a config that differs
+      from a recorded one; or resuming checkpoints with no record of their config.
     OSError: the results file cannot be written.
   """
   held = Claim(workdir, _lock(workdir) if writer_process else None)
   try:
     done = completion_record(workdir)
     if done is not None:
+      if config is not None:
+        _check_completed_config(workdir, config, checkpointer)
       what = (_restore_row(workdir, done, results_file) if writer_process
               else f"its results row is in {done['results_file']}); nothing was written")
       raise RunAlreadyCompleted(

@@ -115,6 +115,24 @@ def test_a_run_completed_before_rows_were_kept_gets_its_row_from_its_events(
 # ---------------------------------------------------------------- the config record
 
 
+def test_a_changed_config_against_a_completed_run_is_refused_in_one_line(completed,
+                                                                          tmp_path):
+  """Before: rerunning (or --resume) with another learning rate in a completed run's
+  directory printed "nothing was written" and exited 0, as if that config had run."""
+  wd = _copy(completed[0], tmp_path)
+  changed = dataclasses.replace(TINY, learning_rate=0.5)
+  with pytest.raises(workdir_lib.RunRefused, match="learning_rate: recorded 0.003, now 0.5"):
+    run(wd, config=changed, resume=True)
+  out = subprocess.run(cli(wd, config=changed), capture_output=True, text=True,
+                       timeout=300, cwd=REPO_DIR)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr
+  assert [l for l in out.stderr.splitlines() if l.startswith("error:")] == [
+      l for l in out.stderr.splitlines() if "completed run whose config" in l]
+  with pytest.raises(workdir_lib.RunAlreadyCompleted):  # the same config: done, exit 0
+    run(wd)
+
+
 def test_a_resume_is_checked_against_the_config_its_checkpoints_carry(stopped, tmp_path):
   """Before: with config.json deleted, ``--resume --learning_rate=0.5`` resumed with the
   new rate and rewrote config.json to say 0.5 for the whole run."""
