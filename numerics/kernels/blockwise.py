@@ -193,11 +193,14 @@ def _transpose_via_32_bits(v: jax.Array) -> jax.Array:
   return v.astype(wide).T
 
 
-def seeds_of(key: jax.Array | None) -> jax.Array:
-  """uint32 (2,) hash seeds of ``key`` (zeros without one: deterministic roundings)."""
+def seeds_of(key: jax.Array | None, x: jax.Array) -> jax.Array:
+  """uint32 (2,) hash seeds of ``key`` for the array ``x`` the kernel rounds (zeros
+  without a key: deterministic roundings). Inside ``shard_map`` they carry the shard's
+  offset (:func:`numerics.random_bits.sharded_seeds`), so kernels and the jnp path
+  draw the same words on every shard."""
   if key is None:
     return jnp.zeros((2,), jnp.uint32)
-  return jnp.stack(random_bits_lib.key_to_seeds(key))
+  return jnp.stack(random_bits_lib.sharded_seeds(key, x.shape, x))
 
 
 def as_2d(x: jax.Array, block_axis: int) -> tuple[jax.Array, int]:
