@@ -124,6 +124,8 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
     tile: explicit ``(tr, tc)``; default :func:`default_tile`.
   """
   r, c = x.shape
+  seeds, scalars, x = _vary_together(seeds, scalars, x)
+  out_type = dict(manual_axis_type=jax.typeof(x).manual_axis_type)
   if tile is None:
     tr, tc = default_tile(variant, (r, c), axis, block)
   else:
@@ -165,10 +167,10 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
   for kind, dtype in outputs:
     if kind == FULL:
       out_specs.append(tile_spec)
-      out_shapes.append(jax.ShapeDtypeStruct((r, c), dtype))
+      out_shapes.append(jax.ShapeDtypeStruct((r, c), dtype, **out_type))
     elif kind == BLOCKS:
       out_specs.append(block_spec)
-      out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype))
+      out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype, **out_type))
     else:
       raise ValueError(f"unknown output kind {kind!r}")
   results = pl.pallas_call(
@@ -183,6 +185,22 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
   )(seeds.astype(jnp.uint32), scalars.astype(jnp.float32), x)
   return [res.T if transpose and kind == BLOCKS else res
           for res, (kind, _) in zip(results, outputs, strict=True)]
+
+
+def _vary_together(*arrays: jax.Array) -> list[jax.Array]:
+  """``arrays``, each cast to vary over every manual mesh axis any of them varies over.
+
+  Inside ``jax.shard_map`` (``check_vma=True``) a ``pallas_call`` needs the type of its
+  outputs: that of its inputs once they agree (the seeds vary with the shard's offset,
+  NVFP4's tensor scale does not where its amax was reduced). Outside, a no-op.
+  """
+  have = [set(random_bits_lib.varying_manual_axes(a)) for a in arrays]
+  union = set().union(*have)
+  if not union:
+    return list(arrays)
+  order = [n for n in jax.sharding.get_abstract_mesh().axis_names if n in union]
+  return [lax.pcast(a, tuple(n for n in order if n not in h), to="varying")
+          if union - h else a for a, h in zip(arrays, have)]
 
 
 def _transpose_via_32_bits(v: jax.Array) -> jax.Array:
