@@ -169,8 +169,9 @@ def mul_narrow(a: jax.Array, b: jax.Array) -> jax.Array:
   sa, ea = split_bits(ma)
   sb, eb = split_bits(mb)
   sign = (ab ^ bb) & _U(0x80000000)
-  zero = (sa == 0) | (sb == 0)  # not ma == 0: see nonzero_magnitude
-  bits = jnp.where(zero, _U(0), round_bits_rn((sa >> _U(16)) * sb, ea + eb - _I(30)))
+  n = (sa >> _U(16)) * sb  # exact: below 2^8 * 2^24
+  zero = n == 0  # a factor is zero (not ma == 0: see nonzero_magnitude)
+  bits = jnp.where(zero, _U(0), round_bits_rn(n, ea + eb - _I(30)))
   finite = (ma < _U(0x7F800000)) & (mb < _U(0x7F800000))
   nan = (ma > _U(0x7F800000)) | (mb > _U(0x7F800000)) | zero  # Inf * 0 is NaN too
   special = jnp.where(nan, _U(0x7FC00000), _U(0x7F800000) | sign)
