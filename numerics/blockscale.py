@@ -834,8 +834,9 @@ def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conventio
     if convention == "te":
       # The words as a function: computed where they are used (inside lax.cond's
       # branches), they fuse into the rounding instead of being materialized.
-      out = nvfp4_te_fast(xp, axes, blocks, rounding=rounding,
-                          words=lambda: _words(key, xp, rounding, rng),
+      words = ((lambda: _words(key, xp, rounding, rng)) if rounding == "stochastic"
+               else None)
+      out = nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
                           rand_bits=rand_bits, dequantize=True,
                           amax_axis_name=amax_axis_name)
     else:
@@ -1305,6 +1306,7 @@ def _call(words):
 
 def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
   """(E2M1 magnitudes as float32 and as bits, sign bits) of the blocked bits ``xb``."""
+  words = None if words is None else _call(words)
   a = jnp.where(poisoned, np.uint32(0), xb & np.uint32(0x7FFFFFFF))
   sign = xb & np.uint32(0x80000000)
   # |x| * enc, also for a float32 subnormal |x| (XLA:CPU would read it as zero): the
@@ -1319,12 +1321,12 @@ def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
     elem = _e2m1_rne_magnitude(scaled)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
   elif rounding == "stochastic":
-    elem = _e2m1_sr_magnitude(scaled, _call(words).reshape(bshape), rand_bits)
+    elem = _e2m1_sr_magnitude(scaled, words.reshape(bshape), rand_bits)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
   else:
     elem_bits = _round_elements(lax.bitcast_convert_type(scaled, jnp.uint32), _U(0),
                                 formats_lib.get("e2m1"), 0, rounding,
-                                None if words is None else _call(words).reshape(bshape),
+                                None if words is None else words.reshape(bshape),
                                 rand_bits)
     elem = lax.bitcast_convert_type(elem_bits, jnp.float32)
   return elem, elem_bits, sign

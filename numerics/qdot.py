@@ -29,6 +29,18 @@ if given, else lhs's dtype. A recipe that quantizes nothing is exactly a plain
 ``lax.dot_general`` of operands cast to the compute dtype (``fp32`` at
 ``Precision.HIGHEST`` unless ``precision`` is given).
 
+Inside ``jax.shard_map`` (data- or tensor-parallel): the custom VJP returns each
+operand's cotangent summed over the manual mesh axes it does not vary over itself (a
+replicated weight's dW is the sum of the shards' dW, as JAX's own transpose of the
+implicit broadcast), stochastic rounding draws each shard's own words
+(:mod:`numerics.random_bits`), NVFP4 and tensor-scaled operands take their tensor amax
+over the axes named by ``OperandQuant.amax_axis_name``
+(:func:`numerics.recipes.with_amax_axis_name`), and a replicated delayed-scaling state
+advances with the amax maximized over the shards. A second derivative (``jax.grad`` of
+``jax.grad``) goes through the backward GEMMs' straight-through quantizers; with NVFP4
+operands, which enter the GEMMs apart from their tensor scales, it raises a TypeError
+naming the public function and the recipe.
+
 State and telemetry (:func:`quantized_dot_general_with_state`): a recipe with
 delayed-scaling operands (:mod:`numerics.delayed_scaling`) keeps an amax history per
 such operand, and telemetry (:mod:`numerics.telemetry`) reports each quantized

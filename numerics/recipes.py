@@ -51,7 +51,9 @@ NVFP4 operands (``te`` convention) enter the GEMM as their block-scaled values
 tensor scales, as the hardware does (:mod:`numerics.qdot`). Accumulation is float32
 unless a GEMM emulates a narrower accumulator.
 
-Build a custom recipe with :class:`Recipe` directly or :func:`replace`.
+Build a custom recipe with :class:`Recipe` directly or :func:`replace`;
+:func:`with_amax_axis_name` reduces every tensor amax over mesh axes inside
+``jax.shard_map``.
 """
 
 from __future__ import annotations
@@ -461,7 +463,7 @@ def with_amax_axis_name(recipe: str | Recipe,
     return dataclasses.replace(op, amax_axis_name=amax_axis_name)
 
   gemms = {name: dataclasses.replace(g, lhs=change(g.lhs), rhs=change(g.rhs))
-           for name, g in (("forward", r.forward), ("dgrad", r.dgrad), ("wgrad", r.wgrad))}
+           for name, g in zip(GEMM_NAMES, r.gemms)}
   label = amax_axis_name if isinstance(amax_axis_name, str) else ",".join(amax_axis_name)
   return dataclasses.replace(r, name=f"{r.name}+amax@{label}", **gemms)
 

@@ -131,8 +131,8 @@ def round_bits_rn(n: jax.Array, qe: jax.Array) -> jax.Array:
   nearest even, by integer ops.
 
   Gradual underflow as IEEE float32 has it (subnormal results, never a flush to zero),
-  and overflow to Inf. The quotient of :func:`compose_bits`, which needs an exact
-  ``n < 2^24``.
+  and overflow to Inf. :func:`compose_bits` for any ``n``: that one needs ``n * 2^qe``
+  exact in float32.
   """
   p = _I(31) - _leading_zeros_u32(n)  # position of n's leading one (-1 for n == 0)
   # Bits of n below the kept ones: 24 significant bits for a normal result, the bits

@@ -78,7 +78,8 @@ def _public_quantizers():
       "quantize_dequantize_mx": lambda x: bs.quantize_dequantize_mx(x),
       "quantize_nvfp4": lambda x: numerics.quantize_nvfp4(x),
       "quantize_dequantize_nvfp4": lambda x: bs.quantize_dequantize_nvfp4(x),
-      "quantize_dequantize_nvfp4_blocks": lambda x: bs.quantize_dequantize_nvfp4_blocks(x),
+      "quantize_dequantize_nvfp4_blocks":
+          lambda x: bs.quantize_dequantize_nvfp4_blocks(x),
       "kernels.quantize_dequantize": lambda x: kernels.quantize_dequantize(x, spec),
       "kernels.quantize_dequantize_split": lambda x: kernels.quantize_dequantize_split(
           x, nv),
@@ -89,8 +90,9 @@ def _public_quantizers():
       "nvfp4_quantize_dequantize_blocks":
           lambda x: kernels.nvfp4_quantize_dequantize_blocks(x),
       "quantize_nf4": lambda x: nf4.quantize_nf4(x),
-      "delayed_scaling.quantize_dequantize": lambda x: delayed_scaling.quantize_dequantize(
-          x, delayed_scaling.init_state(4), "e4m3"),
+      "delayed_scaling.quantize_dequantize":
+          lambda x: delayed_scaling.quantize_dequantize(
+              x, delayed_scaling.init_state(4), "e4m3"),
       "codebooks.encode": lambda x: codebooks.encode(x, "nf4"),
       "codebooks.quantize_blocks": lambda x: codebooks.quantize_blocks(x, "nf4"),
   }

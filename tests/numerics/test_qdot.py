@@ -292,9 +292,9 @@ def test_against_scaled_dot_general_on_gpu():
   np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-2, atol=1e-2)
 
 
-def _grad_of_grad(recipe, x, w, key=jax.random.key(3)):
+def _grad_of_grad(recipe, x, w):
   def loss(x, w):
-    out = qdot.quantized_dot_general(x, w, DN, recipe, key=key)
+    out = qdot.quantized_dot_general(x, w, DN, recipe, key=jax.random.key(3))
     return 0.5 * jnp.sum(out * out)
   return jax.grad(lambda x, w: jnp.sum(jax.grad(loss)(x, w)), argnums=(0, 1))(x, w)
 
@@ -318,7 +318,8 @@ def test_grad_of_grad_where_the_recipe_allows_it(recipe):
     chex.assert_trees_all_equal((gx, gw), want)
 
 
-@pytest.mark.parametrize("api", ["quantized_dot_general", "quantized_dot_general_with_state"])
+@pytest.mark.parametrize("api", ["quantized_dot_general",
+                                 "quantized_dot_general_with_state"])
 def test_nvfp4_grad_of_grad_names_the_public_function(api):
   """Issue 35: jax.grad(jax.grad(...)) through the nvfp4 recipe raised a TypeError
   naming quantize_dequantize_nvfp4_blocks, an internal function. Its NVFP4 operands

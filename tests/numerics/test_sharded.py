@@ -245,8 +245,9 @@ def test_nvfp4_blocks_and_tensor_scaling_amax_over_a_mesh_axis():
   _equal_bits(got_v, values)
   np.testing.assert_array_equal(_bits(got_inv), np.full(N_DEVICES, _bits(inv)))
   spec = quantizer.QuantSpec("e4m3", scaling="tensor", amax_axis_name="d")
+  whole = quantizer.QuantSpec("e4m3", scaling="tensor")
   _equal_bits(_shard_rows(lambda v: quantizer.quantize_dequantize(v, spec))(x),
-              quantizer.quantize_dequantize(x, quantizer.QuantSpec("e4m3", scaling="tensor")))
+              quantizer.quantize_dequantize(x, whole))
 
 
 @needs_4
@@ -306,14 +307,16 @@ def test_quantized_dot_differentiates_inside_shard_map(name):
     spec_d = quantizer.QuantSpec("e4m3", scaling="tensor", amax_axis_name="d")
     _equal_bits(_shard_rows(lambda v: quantizer.quantize_dequantize(v, spec_d))(x),
                 quantizer.quantize_dequantize(x, spec))
-    np.testing.assert_allclose(out_s, out, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(out))))
+    np.testing.assert_allclose(out_s, out, rtol=0,
+                               atol=1e-6 * float(jnp.max(jnp.abs(out))))
     for got, want in ((dx_s, dx), (dw_s, dw)):
       np.testing.assert_allclose(got, want, rtol=0,
                                  atol=5e-2 * float(jnp.max(jnp.abs(want))))
     return
   _equal_bits(out_s, out)
   _equal_bits(dx_s, dx)
-  chex.assert_trees_all_close(dw_s, dw, rtol=1e-6, atol=1e-6 * float(jnp.max(jnp.abs(dw))))
+  chex.assert_trees_all_close(dw_s, dw, rtol=1e-6,
+                              atol=1e-6 * float(jnp.max(jnp.abs(dw))))
 
 
 @needs_4

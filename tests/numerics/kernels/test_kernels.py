@@ -258,7 +258,8 @@ def test_nvfp4_kernels_keep_tensors_of_tiny_values(amax, variant):
   for axis, want in ((-1, deq), (0, deq_cols)):
     gpu_tile = (16, 32) if axis == -1 else (32, 16)
     got = kernels.nvfp4_quantize_dequantize(
-        jnp.asarray(x), axis=axis, tile=tile(variant, gpu_tile, (32, 64)), **mode(variant))
+        jnp.asarray(x), axis=axis, tile=tile(variant, gpu_tile, (32, 64)),
+        **mode(variant))
     _assert_same_floats(got, want)
   assert np.count_nonzero(deq) > 0
 
