@@ -90,11 +90,12 @@ def spec_telemetry(x: jax.Array, q: jax.Array, spec: quantizer.QuantSpec
     return _common(x, q, jnp.abs(x) > fmax, no_blocks)
   if spec.scaling == "tensor":
     fmax = formats_lib.get(spec.fmt).max
-    scale = quantizer.tensor_scale(x, spec.fmt)
+    scale = quantizer.tensor_scale(x, spec.fmt, amax_axis_name=spec.amax_axis_name)
     return _common(x, q, jnp.abs(x) * scale > fmax, no_blocks)
   layout = dict(block_shape=spec.block_shape, axis=spec.axis, pad=spec.pad)
   if spec.fmt == "nvfp4":
     mult, clamped = blockscale.nvfp4_grid_multipliers(x, convention=spec.convention,
+                                                     amax_axis_name=spec.amax_axis_name,
                                                      **layout)
     return _common(x, q, jnp.abs(x) * mult > 6.0, clamped)
   f = formats_lib.get(spec.fmt)

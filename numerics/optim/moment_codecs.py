@@ -243,8 +243,8 @@ class MomentCodec:
     b = self.block_size
     nb = -(-n // b)
     x_NxB = jnp.pad(x.reshape(-1), (0, nb * b - n)).reshape(nb, b)
-    words = (random_bits_lib.random_words(key, x_NxB.shape) if self.is_stochastic
-             else None)
+    words = (random_bits_lib.random_words(key, x_NxB.shape, shard_of=x_NxB)
+             if self.is_stochastic else None)
     if self.kind == "codebook":
       codes, absmax = codebooks.quantize_blocks(x_NxB, self.fmt, rounding=self.rounding,
                                                 words=words)

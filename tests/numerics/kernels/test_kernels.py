@@ -237,6 +237,33 @@ def test_nvfp4_quantize_dequantize_blocks_matches_numpy_reference(axis, rounding
         x, axis=axis, **mode(variant))[0]))(jnp.ones((32, 32)))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("amax", [1e-36, 3.9e-39])
+def test_nvfp4_kernels_keep_tensors_of_tiny_values(amax, variant):
+  """Issue 35: with a tensor amax below 2688 * 2^-126 the tensor scale 1/S_enc is
+  subnormal, which XLA:CPU and TPUs read as zero (scales, codes and the dequantized
+  values were lost). The kernels form those products in integers behind a scalar
+  branch, as the jnp path does: the NumPy reference's codes and values, bit for bit."""
+  rng = np.random.default_rng(int(amax * 1e45) % 2 ** 32)
+  x = rng.standard_normal((48, 64)).astype(np.float32)
+  x = (x / np.abs(x).max() * np.float32(amax)).astype(np.float32)
+  with np.errstate(all="ignore"):
+    codes, scales, inv, deq = ref.quantize_nvfp4(x)
+    _, _, _, deq_cols = ref.quantize_nvfp4(x, axis=0)
+  got = kernels.nvfp4_quantize(jnp.asarray(x), tile=tile(variant, (16, 32), (32, 64)),
+                               **mode(variant))
+  np.testing.assert_array_equal(np.asarray(got.codes), codes)
+  np.testing.assert_array_equal(np.asarray(got.scales), scales)
+  _assert_same_floats(got.tensor_scale, inv)
+  for axis, want in ((-1, deq), (0, deq_cols)):
+    gpu_tile = (16, 32) if axis == -1 else (32, 16)
+    got = kernels.nvfp4_quantize_dequantize(
+        jnp.asarray(x), axis=axis, tile=tile(variant, gpu_tile, (32, 64)),
+        **mode(variant))
+    _assert_same_floats(got, want)
+  assert np.count_nonzero(deq) > 0
+
+
 # ----------------------------------------------------------------------------- matmul
 
 
