@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import numerics
-from numerics import operator_snr
-from numerics.outlier_data import outlier_data
+from lowprec import numerics
+from lowprec.numerics import operator_snr
+from lowprec.numerics.outlier_data import outlier_data
 
 _ROWS = flags.DEFINE_integer("rows", 256, "tensor rows")
 _COLS = flags.DEFINE_integer("cols", 1024, "tensor columns (multiple of 32)")

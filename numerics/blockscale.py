@@ -112,11 +112,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import gradients as gradients_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients as gradients_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 ScaleRule = Literal["floor", "ceil", "rceil", "even", "alto"]
 SCALE_RULES = ("floor", "ceil", "rceil", "even", "alto")

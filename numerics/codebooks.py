@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import rounding as rounding_lib
+from lowprec.numerics import rounding as rounding_lib
 
 _MIN_NORMAL = np.float32(2.0 ** -126)
 

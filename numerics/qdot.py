@@ -65,19 +65,19 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import accumulation as accumulation_lib
-from numerics import blockscale
-from numerics import clipping
-from numerics import delayed_scaling
-from numerics import dge
-from numerics import formats as formats_lib
-from numerics import gradients
-from numerics import hadamard as hadamard_lib
-from numerics import kernels
-from numerics import macro_scaling
-from numerics import random_bits
-from numerics import recipes as recipes_lib
-from numerics import telemetry as telemetry_lib
+from lowprec.numerics import accumulation as accumulation_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import clipping
+from lowprec.numerics import delayed_scaling
+from lowprec.numerics import dge
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients
+from lowprec.numerics import hadamard as hadamard_lib
+from lowprec.numerics import kernels
+from lowprec.numerics import macro_scaling
+from lowprec.numerics import random_bits
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.numerics import telemetry as telemetry_lib
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
                          tuple[tuple[int, ...], tuple[int, ...]]]

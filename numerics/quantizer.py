@@ -16,11 +16,11 @@ from typing import Literal, Sequence
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import gradients
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "none"]
 SCALINGS = ("block", "tensor", "none")

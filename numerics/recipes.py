@@ -63,11 +63,11 @@ from typing import Literal
 
 import numpy as np
 
-from numerics import accumulation as accumulation_lib
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import quantizer
-from numerics import rounding as rounding_lib
+from lowprec.numerics import accumulation as accumulation_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "delayed"]
 COMPUTE_DTYPES = ("bf16", "fp32")

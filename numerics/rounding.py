@@ -33,9 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import gradients as gradients_lib
-from numerics import random_bits as random_bits_lib
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients as gradients_lib
+from lowprec.numerics import random_bits as random_bits_lib
 
 Rounding = Literal["nearest", "stochastic", "toward_zero"]
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")

@@ -31,10 +31,10 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import quantizer
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
 
 STATS = ("saturated", "flushed", "scale_clamped", "sqnr_db")
 

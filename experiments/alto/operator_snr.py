@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 import jax
 
-from numerics import operator_snr
+from lowprec.numerics import operator_snr
 
 _RECIPES = flags.DEFINE_list(
     "recipes", ["bf16", "fp8", "mxfp8", "mxfp4_1d2d", "mxfp4_rht", "mxfp4", "nvfp4"],

@@ -55,14 +55,14 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import optax  # pylint: disable=wrong-import-position
 
-import numerics  # pylint: disable=wrong-import-position
-from numerics import kernels  # pylint: disable=wrong-import-position
-from numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
-from numerics.kernels import compile_check  # pylint: disable=wrong-import-position
-from numerics.kernels import dispatch  # pylint: disable=wrong-import-position
+from lowprec import numerics  # pylint: disable=wrong-import-position
+from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
+from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
+from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
+from lowprec.numerics.kernels import dispatch  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
-from models import transformer  # pylint: disable=wrong-import-position
+from lowprec.models import transformer  # pylint: disable=wrong-import-position
 
 _OUT = flags.DEFINE_string("out", "device_check.json", "where to write the JSON")
 _INTERPRET = flags.DEFINE_bool("interpret", False,

@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import models
-import numerics
-from numerics import kernels
-from numerics import qdot
-from numerics import quantizer
+from lowprec import models
+from lowprec import numerics
+from lowprec.numerics import kernels
+from lowprec.numerics import qdot
+from lowprec.numerics import quantizer
 
 _RECIPES = flags.DEFINE_list("recipes", ["bf16", "fp32", "mxfp8", "nvfp4"],
                              "recipes to time")

@@ -15,8 +15,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-import numerics
-from numerics import benchmarking
+from lowprec import numerics
+from lowprec.numerics import benchmarking
 
 _SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "number of float32 elements")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "timed calls per op (the minimum is kept)")

@@ -20,7 +20,7 @@ import jax
 import optax
 
 from experiments.common import recipe_flag
-from models import transformer
+from lowprec.models import transformer
 
 _RECIPES = flags.DEFINE_list("recipes", ["bf16", "mxfp8", "mxfp4"], "recipes to time")
 _D_MODEL = flags.DEFINE_integer("d_model", 256, "model width")

@@ -16,10 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models import quantization
-from models.transformer import DotGeneral, fp32_dot_general
-from numerics import qdot
-from numerics import recipes as recipes_lib
+from lowprec.models import quantization
+from lowprec.models.transformer import DotGeneral, fp32_dot_general
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
 
 
 def available_recipes() -> tuple[str, ...]:

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from experiments.kv_cache.experiment import parse_cache
-from models import kv_cache, sampling
-from models.transformer import DecoderLM, TransformerConfig
+from lowprec.models import kv_cache, sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
 
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
 _BATCH = flags.DEFINE_integer("batch", 128, "Rows decoded at once.")

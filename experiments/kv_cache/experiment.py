@@ -62,10 +62,10 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopResult
 from experiments.kv_cache.outliers import scale_key_channels
-from models import kv_cache, sampling
-from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
-from numerics import kv_quant
-from numerics.rl.mismatch import mismatch_kl
+from lowprec.models import kv_cache, sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
+from lowprec.numerics import kv_quant
+from lowprec.numerics.rl.mismatch import mismatch_kl
 
 EXPERIMENT = "kv_cache"
 STATIC_SCALES = ("unit", "calibrated")

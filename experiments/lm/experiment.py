@@ -37,10 +37,10 @@ from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, TrainState, init_train_state,
                                            make_train_step, restore_or_initialize, run_loop)
 from experiments.common.weight_inspection import make_inspector
-from models import quantization
-from models.transformer import DecoderLM, TransformerConfig, next_token_loss
-from numerics import tree_paths
-from numerics import recipes as recipes_lib
+from lowprec.models import quantization
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from lowprec.numerics import tree_paths
+from lowprec.numerics import recipes as recipes_lib
 
 EXPERIMENT = "lm"
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments.looped_rl.experiment import ROLLOUT_KV, LoopedRLConfig
-from models import looped, sampling
+from lowprec.models import looped, sampling
 
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
 _BATCH = flags.DEFINE_integer("batch", 128, "Rows decoded at once.")

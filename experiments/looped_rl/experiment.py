@@ -63,12 +63,12 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
 from experiments.looped_rl import warm_start as warm_start_lib
-from models import looped, quantization
-from models.transformer import TransformerConfig
-from numerics import kv_quant
-from numerics.rl import advantages as advantages_lib
-from numerics.rl import policy_loss
-from numerics.rl.mismatch import mismatch_kl
+from lowprec.models import looped, quantization
+from lowprec.models.transformer import TransformerConfig
+from lowprec.numerics import kv_quant
+from lowprec.numerics.rl import advantages as advantages_lib
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl.mismatch import mismatch_kl
 
 EXPERIMENT = "looped_rl"
 RECIPES = ("fp32", "bf16", "mxfp8")

@@ -40,7 +40,7 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
                                            restore_or_initialize, run_loop)
-from models import memoir as memoir_lib
+from lowprec.models import memoir as memoir_lib
 
 EXPERIMENT = "memoir"
 

@@ -88,7 +88,7 @@ import dataclasses
 
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.memoir.experiment import MemoirExperimentConfig
-from models import memoir as memoir_lib
+from lowprec.models import memoir as memoir_lib
 
 SHORT_STEPS = 400
 LONG_STEPS = 960

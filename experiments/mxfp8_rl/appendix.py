@@ -19,8 +19,8 @@ from experiments.common.rl.report import completed_runs, spread
 from experiments.common.sweep_data import config_value
 from experiments.mxfp8_rl.experiment import sync_update
 from experiments.mxfp8_rl.sweeps import INTENDED_CHECK, SAFETY
-from numerics.rl import parity_tolerances
-from numerics.rl.weight_sync import CHECKS
+from lowprec.numerics.rl import parity_tolerances
+from lowprec.numerics.rl.weight_sync import CHECKS
 
 # Gated statistics: (sync/stat tag suffix, label, the config field or table it gates).
 GATED = (("parity_k3", "probe k3", "k3"),

@@ -49,13 +49,13 @@ from experiments.common.config_flags import config_field
 from experiments.common.rl import config as rl_config
 from experiments.common.rl import loop
 from experiments.common.run_options import RunOptions
-from models import sampling
-from models.transformer import DecoderLM, TransformerConfig
-from numerics import tree_paths
-from numerics.blockscale import MX_BLOCK
-from numerics.rl import parity_tolerances
-from numerics.rl import serving
-from numerics.rl import weight_sync
+from lowprec.models import sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
+from lowprec.numerics import tree_paths
+from lowprec.numerics.blockscale import MX_BLOCK
+from lowprec.numerics.rl import parity_tolerances
+from lowprec.numerics.rl import serving
+from lowprec.numerics.rl import weight_sync
 
 _MXFP8_CROSS = parity_tolerances.PARITY_TOLERANCES[("bf16", "mxfp8")]
 

@@ -48,9 +48,9 @@ from experiments.common.results import write_benchmark
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
-from models.transformer import bf16_dot_general
-from numerics import nf4
-from numerics.benchmarking import interleaved, ratio_summary
+from lowprec.models.transformer import bf16_dot_general
+from lowprec.numerics import nf4
+from lowprec.numerics.benchmarking import interleaved, ratio_summary
 
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per method per round (min).")

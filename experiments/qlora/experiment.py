@@ -78,9 +78,9 @@ from experiments.common.tensorboard_writer import MetricWriter
 from experiments.lm import experiment as lm
 from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
                                            restore_or_initialize, run_loop)
-from models import lora
-from models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
-from numerics import memory
+from lowprec.models import lora
+from lowprec.models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
+from lowprec.numerics import memory
 
 EXPERIMENT = "qlora"
 METHODS = ("lora", "full")

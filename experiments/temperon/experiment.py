@@ -45,8 +45,8 @@ from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import (LoopSettings, TrainState, init_train_state,
                                            restore_or_initialize, run_loop)
-from models.resnet import ResNet, ResNetConfig, classification_loss
-from numerics import optim
+from lowprec.models.resnet import ResNet, ResNetConfig, classification_loss
+from lowprec.numerics import optim
 
 EXPERIMENT = "temperon"
 PHASE_KINDS = ("sgd", "sgd_sam", "muon_sam")

@@ -40,11 +40,11 @@ from jax._src.numpy import tensor_contractions
 import jax.numpy as jnp
 from jax import lax
 
-from numerics import qconv
-from numerics import qdot
-from numerics import recipes as recipes_lib
-from models.quantization import recording
-from models.quantization.rules import Rule
+from lowprec.numerics import qconv
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.models.quantization import recording
+from lowprec.models.quantization.rules import Rule
 
 OVERWRITE = "_overwrite_with_gradient"  # flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT
 NUMERICS = "numerics"

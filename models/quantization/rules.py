@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import Sequence
 
-from numerics import recipes as recipes_lib
+from lowprec.numerics import recipes as recipes_lib
 
 # The op kinds a quantized model intercepts (see the package docstring):
 # lax.dot_general; jnp.einsum; x @ w / jnp.matmul / jnp.dot; lax.conv_general_dilated;

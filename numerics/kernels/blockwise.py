@@ -45,8 +45,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 import numpy as np
 
-from numerics import random_bits as random_bits_lib
-from numerics.kernels import dispatch
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics.kernels import dispatch
 
 FULL, BLOCKS = "full", "blocks"
 _GPU_TILES = {1: (16, 256), 0: (32, 128)}

@@ -1,8 +1,8 @@
 """Compiles every kernel for H200, B200, TPU v5e and TPU v6e on a CPU-only machine.
 
-    python -m numerics.kernels.compile_check                # table kernel | H200 | B200 | v5e | v6e
-    python -m numerics.kernels.compile_check --all          # the full product (331 cases)
-    python -m numerics.kernels.compile_check --vmem --json=compile.json
+    python -m lowprec.numerics.kernels.compile_check                # table kernel | H200 | B200 | v5e | v6e
+    python -m lowprec.numerics.kernels.compile_check --all          # the full product (331 cases)
+    python -m lowprec.numerics.kernels.compile_check --vmem --json=compile.json
 
 Deviceless ahead-of-time compilation runs the real backend compilers without a device:
 for the GPUs, Pallas' Triton lowering, the Triton compiler and ptxas (register
@@ -246,7 +246,7 @@ def run_child(case_names: Sequence[str], target_names: Sequence[str], *, all_cas
               toolchain: str | None, vmem_limit_kib: int | None = None,
               timeout_s: float | None = None) -> list[Result]:
   """Compiles the named cases for the named targets in a child process."""
-  cmd = [sys.executable, "-m", "numerics.kernels.compile_check", "--child",
+  cmd = [sys.executable, "-m", "lowprec.numerics.kernels.compile_check", "--child",
          "--targets=" + ",".join(target_names)]
   cmd.append("--all" if all_cases else "--noall")
   with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +265,7 @@ def run_child(case_names: Sequence[str], target_names: Sequence[str], *, all_cas
 
 
 def _compile_in_child(case_names, target_names, all_cases: bool) -> list[Result]:
-  from numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
+  from lowprec.numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
   table = cases_lib.all_cases() if all_cases else cases_lib.CASES
   results = []
   for target in (t for t in TARGETS if t.name in target_names):
@@ -349,7 +349,7 @@ def main(argv: Sequence[str]) -> int:
       json.dump({"results": [dataclasses.asdict(r) for r in results]}, f)
     return 0
 
-  from numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
+  from lowprec.numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
   names = [n for n in (cases_lib.all_cases() if _ALL.value else cases_lib.CASES)
            if _CASES.value in n]
   toolchain = _TOOLCHAIN.value

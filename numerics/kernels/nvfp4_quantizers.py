@@ -25,12 +25,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import gradients
-from numerics.blockscale import NVFP4_BLOCK
-from numerics import rounding as rounding_lib
-from numerics.kernels import blockwise
-from numerics.kernels import dispatch
+from lowprec.numerics import blockscale
+from lowprec.numerics import gradients
+from lowprec.numerics.blockscale import NVFP4_BLOCK
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.kernels import blockwise
+from lowprec.numerics.kernels import dispatch
 
 
 def _check(x, rounding, key, rand_bits, fn):

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import jax
 
-from numerics import blockscale
-from numerics import gradients
-from numerics import quantizer
-from numerics import rounding as rounding_lib
-from numerics.kernels import dispatch
-from numerics.kernels import mx_quantizers
-from numerics.kernels import nvfp4_quantizers
+from lowprec.numerics import blockscale
+from lowprec.numerics import gradients
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import mx_quantizers
+from lowprec.numerics.kernels import nvfp4_quantizers
 
 
 def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:

@@ -67,12 +67,12 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import blockscale
-from numerics import codebooks
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import codebooks
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 KINDS = ("identity", "cast", "scaled", "codebook", "mx")
 SCALED_FORMATS = ("int8", "e4m3", "e5m2", "e2m3", "e3m2", "e2m1")

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numerics import tree_paths
+from lowprec.numerics import tree_paths
 
 
 def name_tag(name: str) -> int:

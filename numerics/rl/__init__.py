@@ -14,18 +14,18 @@ arrays are ``[B, T]`` float32 with a ``mask`` ``[B, T]`` (1 = completion token t
     weight_sync.run_sync_checks(...)                        # the seven sync checks
 """
 
-from numerics.rl import advantages
-from numerics.rl import importance
-from numerics.rl import mismatch
-from numerics.rl import policy_loss
-from numerics.rl import parity_tolerances
-from numerics.rl import sampler_copy
-from numerics.rl import serving
-from numerics.rl import weight_sync
-from numerics.rl.advantages import group_advantages
-from numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
-from numerics.rl.mismatch import mismatch_kl
-from numerics.rl.policy_loss import grpo_loss, normalize_loss, ppo_clip_objective
+from lowprec.numerics.rl import advantages
+from lowprec.numerics.rl import importance
+from lowprec.numerics.rl import mismatch
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl import parity_tolerances
+from lowprec.numerics.rl import sampler_copy
+from lowprec.numerics.rl import serving
+from lowprec.numerics.rl import weight_sync
+from lowprec.numerics.rl.advantages import group_advantages
+from lowprec.numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
+from lowprec.numerics.rl.mismatch import mismatch_kl
+from lowprec.numerics.rl.policy_loss import grpo_loss, normalize_loss, ppo_clip_objective
 
 __all__ = [
     "advantages", "importance", "mismatch", "parity_tolerances", "policy_loss",

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import tree_paths
-from numerics.blockscale import MX_BLOCK
+from lowprec.numerics import blockscale
+from lowprec.numerics import tree_paths
+from lowprec.numerics.blockscale import MX_BLOCK
 
 RECIPES = ("fp32", "bf16", "mxfp8")
 # Served MX recipes: (element format, scale rule) -- as numerics.recipes' "mxfp8".

@@ -32,15 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import blockscale
-from numerics.blockscale import MX_BLOCK
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
-from numerics import tree_paths
-from numerics.rl import mismatch
-from numerics.rl.parity_tolerances import PARITY_TOLERANCES, Tolerance
-from numerics.rl.sampler_copy import Export, SamplerCopy
-from numerics.rl.serving import MX_SERVED_FORMATS
+from lowprec.numerics import blockscale
+from lowprec.numerics.blockscale import MX_BLOCK
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics import tree_paths
+from lowprec.numerics.rl import mismatch
+from lowprec.numerics.rl.parity_tolerances import PARITY_TOLERANCES, Tolerance
+from lowprec.numerics.rl.sampler_copy import Export, SamplerCopy
+from lowprec.numerics.rl.serving import MX_SERVED_FORMATS
 
 _MAX_LISTED = 8  # names / blocks listed in an error message
 

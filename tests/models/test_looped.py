@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from experiments.common.recipe_flag import looped_rules
-from models import quantization
-from models import looped
-from models.transformer import Block, TransformerConfig
-from numerics.kv_quant import KVQuantSpec
+from lowprec.models import quantization
+from lowprec.models import looped
+from lowprec.models.transformer import Block, TransformerConfig
+from lowprec.numerics.kv_quant import KVQuantSpec
 
 CFG = TransformerConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2, d_ff=32,
                         max_len=9)

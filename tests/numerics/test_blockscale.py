@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import encoding
-from numerics import formats
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import encoding
+from lowprec.numerics import formats
 
 from tests.numerics import mx_reference as ref
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import quantizer as fq
+from lowprec import numerics
+from lowprec.numerics import quantizer as fq
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -60,8 +60,8 @@ def test_dtype_preserved_and_spec_validation():
 # inputs and returned them "quantized" in their own dtype, while cast and quantize_mx
 # raised. Every public quantizer now rejects them, naming itself and the dtype.
 def _public_quantizers():
-  from numerics import codebooks, delayed_scaling, kernels, nf4
-  from numerics import blockscale as bs
+  from lowprec.numerics import codebooks, delayed_scaling, kernels, nf4
+  from lowprec.numerics import blockscale as bs
   spec, nv = fq.QuantSpec("e4m3"), fq.QuantSpec("nvfp4")
   return {
       "fake_quant": lambda x: numerics.fake_quant(x),

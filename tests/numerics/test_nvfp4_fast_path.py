@@ -22,9 +22,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import random_bits
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import random_bits
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
 

@@ -15,8 +15,8 @@ from jax import lax
 import numpy as np
 import pytest
 
-import numerics
-from numerics import qconv
+from lowprec import numerics
+from lowprec.numerics import qconv
 
 CASES = [
     (("NHWC", "HWIO", "NHWC"), (2, 9, 9, 32), (3, 3, 32, 8), (1, 1), "SAME", (1, 1), None),

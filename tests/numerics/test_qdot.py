@@ -19,11 +19,11 @@ from jax import lax
 import numpy as np
 import pytest
 
-import numerics
-from numerics import operator_snr
-from numerics import outlier_data
-from numerics import qdot
-from numerics import recipes
+from lowprec import numerics
+from lowprec.numerics import operator_snr
+from lowprec.numerics import outlier_data
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes
 from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))

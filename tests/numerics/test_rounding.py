@@ -17,9 +17,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import numerics
+from lowprec import numerics
 from tests.numerics.format_values import all_values
-from numerics import formats
+from lowprec.numerics import formats
 
 NAMES = formats.names()
 F32_MAX = float(np.finfo(np.float32).max)
@@ -428,7 +428,7 @@ def test_div_rn_is_ieee_division_from_integer_ops():
 def test_leading_zeros_equals_a_numpy_count_on_every_24_bit_word():
   """The clz-free count the Pallas kernels use (Triton cannot lower uint32 clz), held
   exhaustively on n < 2^24 against NumPy's bit length (32 - bit_length(n))."""
-  from numerics import rounding
+  from lowprec.numerics import rounding
   n = np.arange(1 << 24, dtype=np.uint32)
   got = np.asarray(jax.jit(rounding.leading_zeros)(jnp.asarray(n)))
   want = 32 - np.where(n == 0, 0, np.floor(np.log2(np.maximum(n, 1).astype(np.float64))) + 1)
@@ -441,7 +441,7 @@ def test_mul_narrow_is_ieee_multiplication_from_integer_ops():
   significant bits (E2M1 x E4M3 values are at most 6) times any finite float32, over
   subnormal operands and results, overflow to Inf, signs and the specials (issue 35:
   NVFP4's subnormal tensor scale was read as zero)."""
-  from numerics import rounding
+  from lowprec.numerics import rounding
   rng = np.random.default_rng(1)
   n = 1 << 18
   sig = rng.integers(0, 256, n).astype(np.float64)
@@ -470,7 +470,7 @@ def test_mul_narrow_is_ieee_multiplication_from_integer_ops():
 def test_round_bits_rn_rounds_any_uint32_times_a_power_of_two():
   """n * 2^qe to float32, nearest-even, with gradual underflow and overflow to Inf,
   against float64 (exact for n < 2^32) converted by NumPy."""
-  from numerics import rounding
+  from lowprec.numerics import rounding
   rng = np.random.default_rng(2)
   n = rng.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
   qe = rng.integers(-190, 110, n.size).astype(np.int32)

@@ -32,8 +32,8 @@ from jax.sharding import AxisType, PartitionSpec as P
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale, kernels, qdot, quantizer, random_bits, recipes
+from lowprec import numerics
+from lowprec.numerics import blockscale, kernels, qdot, quantizer, random_bits, recipes
 
 from experiments.common.repo_paths import REPO_DIR
 
@@ -164,7 +164,7 @@ def test_kernel_seeds_carry_the_shard_offset():
   interpret mode cannot run inside shard_map with check_vma=True: JAX's interpreter
   raises "Primitive dynamic_slice requires varying manual axes to match"; compiled
   kernels lower there, test_kernels_lower_inside_shard_map.)"""
-  from numerics.kernels import blockwise
+  from lowprec.numerics.kernels import blockwise
   x = jnp.zeros((N_DEVICES * 8, 64), jnp.float32)
 
   def words(v):

@@ -46,10 +46,10 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
-from models import sampling
-from numerics.rl import advantages as advantages_lib
-from numerics.rl import policy_loss
-from numerics.rl import sampler_copy
+from lowprec.models import sampling
+from lowprec.numerics.rl import advantages as advantages_lib
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl import sampler_copy
 
 # The held-out problems of the learner's evaluation (a fixed set, the same for every arm).
 EVAL_POSITION = 1

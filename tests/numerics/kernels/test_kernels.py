@@ -20,15 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import kernels
-from numerics import qdot
-from numerics.outlier_data import outlier_data
-from numerics import quantizer
-from numerics.kernels import dispatch
-from numerics.kernels import block_matmul
-from numerics.kernels import mx_quantizers
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import kernels
+from lowprec.numerics import qdot
+from lowprec.numerics.outlier_data import outlier_data
+from lowprec.numerics import quantizer
+from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import block_matmul
+from lowprec.numerics.kernels import mx_quantizers
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
 
