@@ -24,7 +24,7 @@ once ``--time_budget_s`` is spent):
    quick-start LM (experiments.lm's defaults: d_model 128, 2 layers, 4 heads, d_ff
    512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
    kernels dispatched as on a user's machine, as a ratio to bf16; ``mxfp8 (jnp)`` is
-   mxfp8 with NUMERICS_KERNELS=jnp, and ``pallas_calls`` counts the kernels in the step.
+   mxfp8 traced with ``kernels.implementation("jnp")``, and ``pallas_calls`` counts the kernels in the step.
 
 Timings: each call is dispatched ``--iters`` times back to back and the mean taken (so
 Python dispatch overlaps device work), the best of ``--repeats``; compare ratios.
@@ -59,7 +59,6 @@ from lowprec import numerics  # pylint: disable=wrong-import-position
 from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
 from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
 from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
-from lowprec.numerics.kernels import dispatch  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
@@ -305,10 +304,8 @@ def _lm_config(interpret: bool) -> dict:
 
 
 def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int) -> dict:
-  """Seconds per jitted LM train step under ``recipe`` with NUMERICS_KERNELS=impl."""
-  previous = os.environ.get(dispatch.ENV_VAR)
-  os.environ[dispatch.ENV_VAR] = impl
-  try:
+  """Seconds per jitted LM train step under ``recipe``, its kernels traced as ``impl``."""
+  with kernels.implementation(impl):
     vocab = 65
     model = recipe_flag.quantized_model(transformer.DecoderLM(
         transformer.TransformerConfig(vocab_size=vocab, d_model=cfg["d_model"],
@@ -338,11 +335,6 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
     jax.block_until_ready(jitted(state, tokens, key))
     compile_s = time.perf_counter() - t0
     seconds = time_call(jitted, state, tokens, key, iters=iters, repeats=repeats)
-  finally:
-    if previous is None:
-      os.environ.pop(dispatch.ENV_VAR, None)
-    else:
-      os.environ[dispatch.ENV_VAR] = previous
   return {"ms": seconds * 1e3, "compile_s": compile_s, "pallas_calls": pallas_calls,
           "kernels": impl}
 

@@ -180,27 +180,28 @@ def test_kernel_seeds_carry_the_shard_offset():
 
 @needs_4
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
-def test_kernels_lower_inside_shard_map(platform, monkeypatch):
+def test_kernels_lower_inside_shard_map(platform):
   """On main a pallas_call could not be traced inside shard_map ("manual_axis_type on
   jax.ShapeDtypeStruct must not be None"), so on GPU/TPU, where quantized dots run the
   fused kernels, even their forward failed there. The kernels' outputs now take their
   inputs' varying axes: every kernel, and the grad of the quantized dots through them
-  (NUMERICS_KERNELS=pallas), lowers for cuda and tpu inside shard_map (no device)."""
-  monkeypatch.setenv("NUMERICS_KERNELS", "pallas")
-  sr = dict(rounding="stochastic", key=KEY, use_kernel=True)
-  x = jax.ShapeDtypeStruct((N_DEVICES * 64, 256), jnp.float32)
-  calls = [lambda v: kernels.mx_quantize(v, **sr).codes,
-           lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=-2, **sr),
-           lambda v: kernels.nvfp4_quantize(v, amax_axis_name="d", **sr).codes,
-           lambda v: kernels.nvfp4_quantize_dequantize(v, amax_axis_name="d", **sr),
-           lambda v: kernels.nvfp4_quantize_dequantize_blocks(v, **sr)[0]]
-  for f in calls:
-    _shard_rows(f).trace(x).lower(lowering_platforms=(platform,))
-  w = jax.ShapeDtypeStruct((256, 32), jnp.float32)
-  for name in ("mxfp8", "mxfp4", recipes.with_amax_axis_name("nvfp4", "d")):
-    lowered = jax.jit(jax.grad(lambda x, w: _data_parallel(name)(x, w)[0], argnums=(0, 1))
-                      ).trace(x, w).lower(lowering_platforms=(platform,)).as_text()
-    assert ("tpu_custom_call" if platform == "tpu" else "triton") in lowered
+  (kernels.implementation("pallas")), lowers for cuda and tpu inside shard_map (no
+  device)."""
+  with kernels.implementation("pallas"):
+    sr = dict(rounding="stochastic", key=KEY, use_kernel=True)
+    x = jax.ShapeDtypeStruct((N_DEVICES * 64, 256), jnp.float32)
+    calls = [lambda v: kernels.mx_quantize(v, **sr).codes,
+             lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=-2, **sr),
+             lambda v: kernels.nvfp4_quantize(v, amax_axis_name="d", **sr).codes,
+             lambda v: kernels.nvfp4_quantize_dequantize(v, amax_axis_name="d", **sr),
+             lambda v: kernels.nvfp4_quantize_dequantize_blocks(v, **sr)[0]]
+    for f in calls:
+      _shard_rows(f).trace(x).lower(lowering_platforms=(platform,))
+    w = jax.ShapeDtypeStruct((256, 32), jnp.float32)
+    for name in ("mxfp8", "mxfp4", recipes.with_amax_axis_name("nvfp4", "d")):
+      lowered = jax.jit(jax.grad(lambda x, w: _data_parallel(name)(x, w)[0], argnums=(0, 1))
+                        ).trace(x, w).lower(lowering_platforms=(platform,)).as_text()
+      assert ("tpu_custom_call" if platform == "tpu" else "triton") in lowered
 
 
 # ---------------------------------------------------------------- tensor amax reduction

@@ -363,9 +363,7 @@ def test_mx_matmul_layout_and_tile_errors():
 # ----------------------------------------------------------------------------- dispatch
 
 
-def test_dispatch_rule(monkeypatch):
-  monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-  assert dispatch.resolve(None, False) == "auto"
+def test_dispatch_rule():
   assert dispatch.resolve(True, False) == "pallas"
   assert dispatch.resolve(False, False) == "jnp"
   assert dispatch.resolve(None, True) == "interpret"
@@ -377,22 +375,37 @@ def test_dispatch_rule(monkeypatch):
     dispatch.resolve(False, False, interpret_as="tpu")
   with pytest.raises(ValueError, match="interpret_as"):
     dispatch.resolve(None, True, interpret_as="mosaic")
+  for value in dispatch.IMPLS:  # the caller's choice, for what its block traces
+    with kernels.implementation(value):
+      assert dispatch.resolve(None, False) == value
+      assert dispatch.resolve(False, False) == "jnp"
+      with kernels.implementation("jnp"):  # the innermost block wins
+        assert dispatch.resolve(None, False) == "jnp"
+      assert dispatch.resolve(None, False) == value
+  with pytest.raises(ValueError, match="kernel implementation must be one of"):
+    with kernels.implementation("triton"):
+      pass
+
+
+def test_the_environment_variable_is_the_process_default_read_once(monkeypatch):
+  assert dispatch.impl_from_environment({}) == "auto"
   for value in dispatch.IMPLS:
-    monkeypatch.setenv(dispatch.ENV_VAR, value)
-    assert dispatch.resolve(None, False) == value
-    assert dispatch.resolve(False, False) == "jnp"
-  monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    assert dispatch.impl_from_environment({dispatch.ENV_VAR: f" {value.upper()} "}) == value
   with pytest.raises(ValueError, match="NUMERICS_KERNELS"):
-    dispatch.resolve(None, False)
+    dispatch.impl_from_environment({dispatch.ENV_VAR: "triton"})
+  first = dispatch.default_impl()
+  monkeypatch.setenv(dispatch.ENV_VAR, "interpret" if first != "interpret" else "jnp")
+  assert dispatch.default_impl() == first  # read once: later changes are not seen
 
 
-def test_auto_on_cpu_is_the_jnp_path(monkeypatch):
+def test_auto_on_cpu_is_the_jnp_path():
   if jax.default_backend() != "cpu":
     pytest.skip("CPU dispatch")
-  monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
   x = _data((8, 64))
-  chex.assert_trees_all_equal(kernels.mx_quantize(x, "e4m3"), numerics.quantize_mx(x, "e4m3"))
-  jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(x, "e4m3"))(x))
+  with kernels.implementation("auto"):
+    chex.assert_trees_all_equal(kernels.mx_quantize(x, "e4m3"),
+                                numerics.quantize_mx(x, "e4m3"))
+    jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(x, "e4m3"))(x))
   assert "pallas_call" not in jaxpr
   jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(
       x, "e4m3", use_kernel=True))(x))
@@ -448,11 +461,11 @@ def test_training_path_dispatches_to_the_fused_kernel(monkeypatch):
   kernel = mx_quantizers.mx_quantize_dequantize
   monkeypatch.setattr(mx_quantizers, "mx_quantize_dequantize",
                       lambda *a, **k: calls.append(k.get("axis")) or kernel(*a, **k))
-  monkeypatch.setenv(dispatch.ENV_VAR, "pallas" if COMPILED else "interpret")
-  got = run()
+  with kernels.implementation("pallas" if COMPILED else "interpret"):
+    got = run()
   assert sorted(calls) == [-2, -2, -2, -1, -1, -1]
-  monkeypatch.setenv(dispatch.ENV_VAR, "jnp")
   calls.clear()
-  want = run()
+  with kernels.implementation("jnp"):
+    want = run()
   assert not calls
   chex.assert_trees_all_equal(got, want)
