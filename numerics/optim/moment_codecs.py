@@ -497,13 +497,6 @@ def state_format(name: str, *, block_size: int | None = None,
   return StateFormat(name, mu, nu, min_size)
 
 
-def format_anchor(name: str) -> str:
-  """One line saying where the named state format comes from."""
-  if name not in _FORMATS:
-    raise ValueError(f"unknown state format {name!r}")
-  return _FORMATS[name][5]
-
-
 def tree_decode(tree: Any) -> Any:
   """Decodes every :class:`EncodedMoment` in ``tree`` (other leaves unchanged)."""
   return jax.tree.map(lambda e: decode(e) if isinstance(e, EncodedMoment) else e, tree,
