@@ -11,7 +11,7 @@ from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.mxfp8_rl import experiment as mxfp8_rl
 from lowprec.numerics import tree_paths
-from lowprec.numerics.rl import weight_sync
+from experiments.mxfp8_rl import weight_sync
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""numerics.rl.weight_sync: each check passes a correct sync and catches a planted bug.
+"""experiments.mxfp8_rl.weight_sync: each check passes a correct sync and catches a planted bug.
 
 A tiny DecoderLM (vocab 16, d_model 48 so the MXFP8 contraction axis is zero-padded,
 1 layer) plays learner (float32 masters, recipe fp32/bf16/mxfp8 on the projections)
@@ -20,9 +20,9 @@ from lowprec.numerics import qdot
 from lowprec.numerics import quantizer
 from lowprec.numerics.rl import sampler_copy as sc
 from lowprec.numerics import tree_paths
-from lowprec.numerics.rl import parity_tolerances
-from lowprec.numerics.rl import serving
-from lowprec.numerics.rl import weight_sync as ws
+from experiments.mxfp8_rl import parity_tolerances
+from experiments.mxfp8_rl import serving
+from experiments.mxfp8_rl import weight_sync as ws
 
 CFG = tfm.TransformerConfig(vocab_size=16, d_model=48, num_layers=1, num_heads=4, d_ff=96,
                             max_len=64)

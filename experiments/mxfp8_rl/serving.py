@@ -7,7 +7,7 @@ along the contraction axis, E8M0 scales, the axis zero-padded to a multiple of t
 (:func:`served_mx_weight`). :func:`resolve_layer_plan` maps every parameter to its
 recipe; a known silent failure is that the learner and the sampler resolve the lists
 differently (fused ``qkv`` against unfused ``query`` names), which
-:func:`numerics.rl.weight_sync.check_plan` catches.
+:func:`experiments.mxfp8_rl.weight_sync.check_plan` catches.
 """
 
 from __future__ import annotations
