@@ -224,17 +224,18 @@ def main(argv):
     for r in runs:
       print(r.shell_command())
     return 0
+  return _start(sweep, sweep_dir,
+                lambda overrides: _run_sweep(sweep, runs, sweep_dir, overrides))
+
+
+def _start(sweep: Sweep, sweep_dir: str, run: Callable[[dict[str, Any]], int]) -> int:
+  """``run(overrides)`` from a clean tree (2 if dirty, unless --allow_dirty) while this
+  process holds ``<sweep_dir>/.lock`` (2 if another process holds it)."""
   refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
   if refusal:
     print(refusal, file=sys.stderr)
     return 2
   overrides = parse_overrides(sweep, FLAGS.override)
-  return _with_sweep_lock(sweep, sweep_dir,
-                          lambda: _run_sweep(sweep, runs, sweep_dir, overrides))
-
-
-def _with_sweep_lock(sweep: Sweep, sweep_dir: str, run: Callable[[], int]) -> int:
-  """``run()`` while this process holds ``<sweep_dir>/.lock`` (2 if another holds it)."""
   try:
     lock = workdir_lib.lock_directory(sweep_dir)  # held until this process exits
   except workdir_lib.DirectoryLocked as e:
@@ -244,7 +245,7 @@ def _with_sweep_lock(sweep: Sweep, sweep_dir: str, run: Callable[[], int]) -> in
           "--sweep_dir.", file=sys.stderr)
     return 2
   try:
-    return run()
+    return run(overrides)
   finally:
     lock.close()
 
@@ -340,13 +341,8 @@ def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
     for r in batch:
       print(r.shell_command())
     return 0
-  refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
-  if refusal:
-    print(refusal, file=sys.stderr)
-    return 2
-  overrides = parse_overrides(sweep, FLAGS.override)
-  return _with_sweep_lock(sweep, sweep_dir,
-                          lambda: _run_sequential(sweep, sweep_dir, runs, overrides))
+  return _start(sweep, sweep_dir,
+                lambda overrides: _run_sequential(sweep, sweep_dir, runs, overrides))
 
 
 def _run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
