@@ -101,28 +101,31 @@ def write_missing(sweep_dir: str) -> dict[str, dict[str, float]]:
   return lacking
 
 
-_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
-_WRITE = flags.DEFINE_bool("write", False, "Add the missing metrics to the runs' events.")
+def define_flags() -> None:
+  """Defines this script's flags (only when run as a script: importers keep their names)."""
+  flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
+  flags.DEFINE_bool("write", False, "Add the missing metrics to the runs' events.")
 
 
 def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   log_filters.quiet_library_info()
-  sweep_dir = _SWEEP_DIR.value
+  sweep_dir = flags.FLAGS.sweep_dir
   read_manifest(sweep_dir)  # a clear error when this is no sweep directory
   had_experiment = has_experiment(sweep_dir)
-  lacking = write_missing(sweep_dir) if _WRITE.value else missing(sweep_dir)
+  lacking = write_missing(sweep_dir) if flags.FLAGS.write else missing(sweep_dir)
   if not had_experiment:
     print(f"{repo_relative(sweep_dir)}/runs: the HParams experiment summary "
-          f"{'written' if _WRITE.value else 'is missing'}")
+          f"{'written' if flags.FLAGS.write else 'is missing'}")
   tags = sorted({t for m in lacking.values() for t in m})
-  verb = "added to" if _WRITE.value else "missing from"
+  verb = "added to" if flags.FLAGS.write else "missing from"
   print(f"{repo_relative(sweep_dir)}: {len(tags)} metric(s) of the HParams table or the "
         f"claims {verb} the events "
         f"of {len(lacking)} run(s){': ' + ', '.join(tags) if tags else ''}")
-  return 1 if (lacking or not had_experiment) and not _WRITE.value else 0
+  return 1 if (lacking or not had_experiment) and not flags.FLAGS.write else 0
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))

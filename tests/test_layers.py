@@ -73,3 +73,28 @@ def test_no_paper_imports_another_beyond_the_known_edges():
         edges.add((mine, parts[1]))
   assert not {e for e in edges if e[0] in _HARNESS}, edges  # the harness imports no paper
   assert edges <= _PAPER_EDGES, sorted(edges - _PAPER_EDGES)
+
+
+def test_every_module_imports_beside_every_other():
+  """One process imports every module of the repository: no two define a flag of one
+  name at import time (a script defines its flags only when it runs as a script), so a
+  test, a notebook or another script may import any of them together."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  names = []
+  for top, package in (("numerics", "lowprec.numerics"), ("models", "lowprec.models"),
+                       ("experiments", "experiments"), ("launch", "launch")):
+    for d, dirs, files in os.walk(os.path.join(REPO_DIR, top)):
+      dirs[:] = [x for x in dirs if not x.startswith(("report", "__pycache__"))]
+      for f in files:
+        if f.endswith(".py") and f != "__main__.py":
+          rel = os.path.relpath(os.path.join(d, f), os.path.join(REPO_DIR, top))[:-3]
+          parts = [p for p in rel.split(os.sep) if p != "__init__"]
+          names.append(".".join([package, *parts]))
+  code = ("import importlib, sys\nbad = []\nfor m in sys.argv[1:]:\n  try:\n"
+          "    importlib.import_module(m)\n  except Exception as e:\n"
+          "    bad.append(f'{m}: {e!r}')\nprint('\\n'.join(bad))\nsys.exit(1 if bad else 0)\n")
+  out = subprocess.run([sys.executable, "-c", code, *sorted(names)], cwd=REPO_DIR,
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+  assert len(names) > 150, names

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -319,48 +319,51 @@ def table(results: list[Result], case_names: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
-_ALL = flags.DEFINE_bool("all", False, "Compile the full product of cases (331).")
-_TARGETS = flags.DEFINE_list("targets", [t.name for t in TARGETS], "Targets to compile for.")
-_CASES = flags.DEFINE_string("cases", "", "Only the cases whose name contains this.")
-_VMEM = flags.DEFINE_bool("vmem", False, "Measure each TPU case's scoped VMEM (a ladder "
-                          "of limits, one child process per limit).")
-_TOOLCHAIN = flags.DEFINE_string("toolchain", None, "Directory holding the compile "
-                                 "toolchain (else it must be importable).")
-_JSON = flags.DEFINE_string("json", None, "Write the results here.")
-_CHILD = flags.DEFINE_bool("child", False, "The check's own child process (internal).")
-_CASE_FILE = flags.DEFINE_string("case_file", None, "The child's case names (internal).")
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_bool("all", False, "Compile the full product of cases (331).")
+  flags.DEFINE_list("targets", [t.name for t in TARGETS], "Targets to compile for.")
+  flags.DEFINE_string("cases", "", "Only the cases whose name contains this.")
+  flags.DEFINE_bool("vmem", False, "Measure each TPU case's scoped VMEM (a ladder "
+                    "of limits, one child process per limit).")
+  flags.DEFINE_string("toolchain", None, "Directory holding the compile "
+                      "toolchain (else it must be importable).")
+  flags.DEFINE_string("json", None, "Write the results here.")
+  flags.DEFINE_bool("child", False, "The check's own child process (internal).")
+  flags.DEFINE_string("case_file", None, "The child's case names (internal).")
 
 
 def main(argv: Sequence[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  target_names = list(_TARGETS.value)
+  target_names = list(flags.FLAGS.targets)
   unknown = set(target_names) - {t.name for t in TARGETS}
   if unknown:
     raise app.UsageError(f"unknown targets {sorted(unknown)}; known: "
                          f"{[t.name for t in TARGETS]}")
-  if _CHILD.value:
+  if flags.FLAGS.child:
     if os.environ.get(_CHILD_ENV) != "1":
       raise app.UsageError("--child is the check's own child process")
-    with open(_CASE_FILE.value) as f:
+    with open(flags.FLAGS.case_file) as f:
       names = json.load(f)
-    results = _compile_in_child(names, target_names, _ALL.value)
-    with open(_JSON.value, "w") as f:
+    results = _compile_in_child(names, target_names, flags.FLAGS.all)
+    with open(flags.FLAGS.json, "w") as f:
       json.dump({"results": [dataclasses.asdict(r) for r in results]}, f)
     return 0
 
   from lowprec.numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
-  names = [n for n in (cases_lib.all_cases() if _ALL.value else cases_lib.CASES)
-           if _CASES.value in n]
-  toolchain = _TOOLCHAIN.value
+  names = [n for n in (cases_lib.all_cases() if flags.FLAGS.all else cases_lib.CASES)
+           if flags.FLAGS.cases in n]
+  toolchain = flags.FLAGS.toolchain
   if toolchain is None and (why := toolchain_missing()):
     print(why, file=sys.stderr)
     return 2
   import jax  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
-  results = run_child(names, target_names, all_cases=_ALL.value, toolchain=toolchain)
-  if _VMEM.value:
-    measure_vmem(results, names, all_cases=_ALL.value, toolchain=toolchain)
+  results = run_child(names, target_names, all_cases=flags.FLAGS.all, toolchain=toolchain)
+  if flags.FLAGS.vmem:
+    measure_vmem(results, names, all_cases=flags.FLAGS.all, toolchain=toolchain)
   elapsed = time.perf_counter() - t0
   failed = [r for r in results if not r.ok]
   print(f"jax {jax.__version__}; deviceless compile for {', '.join(target_names)}\n")
@@ -368,8 +371,8 @@ def main(argv: Sequence[str]) -> int:
   print(f"\n{len(results)} compiles, {len(failed)} failed, {elapsed:.0f} s")
   for t in TARGETS:
     print(f"roofline {t.name}: {t.source}")
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
+  if flags.FLAGS.json:
+    with open(flags.FLAGS.json, "w") as f:
       json.dump({"jax": jax.__version__, "targets": [dataclasses.asdict(t) for t in TARGETS],
                  "seconds": elapsed,
                  "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
@@ -377,4 +380,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))
