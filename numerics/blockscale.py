@@ -558,22 +558,6 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   return jnp.where(poison, jnp.uint8(0), codes), scale_codes
 
 
-def _check_rounding_args(rounding, key, rand_bits, rng) -> None:
-  """The stochastic-rounding arguments are used only with ``rounding='stochastic'``."""
-  if rounding not in rounding_lib.ROUNDINGS:
-    raise ValueError(f"unknown rounding {rounding!r}; known: "
-                     f"{', '.join(rounding_lib.ROUNDINGS)}")
-  rounding_lib.check_rand_bits(rand_bits)
-  if rng not in random_bits_lib.METHODS:
-    raise ValueError(f"unknown rng {rng!r}; known: {', '.join(random_bits_lib.METHODS)}")
-  if rounding == "stochastic":
-    if key is None:
-      raise ValueError("rounding='stochastic' needs a PRNG key")
-  elif key is not None or rand_bits is not None or rng != "hash":
-    raise ValueError(f"key, rand_bits and rng are used by rounding='stochastic' only; "
-                     f"rounding={rounding!r} would ignore them")
-
-
 def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
              fn):
   """Validated (format name, float32 x, axes, blocks) for the MX entry points."""
@@ -583,7 +567,7 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
                      f"{f.name!r}")
   if scale_rule not in SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: {', '.join(SCALE_RULES)}")
-  _check_rounding_args(rounding, key, rand_bits, rng)
+  rounding_lib.check_rounding_args(rounding, key, rand_bits, rng)
   x = _check_x(x, fn)
   axes, blocks = _layout(x.ndim, block_shape, axis)
   return f.name, x, axes, blocks
@@ -777,7 +761,7 @@ def _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng, convention,
   if convention not in NVFP4_CONVENTIONS:
     raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
                      f"{convention!r}")
-  _check_rounding_args(rounding, key, rand_bits, rng)
+  rounding_lib.check_rounding_args(rounding, key, rand_bits, rng)
   x32 = _check_x(x, fn)
   return x32, nvfp4_layout(x32.ndim, block_shape, axis), check_amax_axis_name(
       amax_axis_name, fn)

@@ -45,9 +45,26 @@ _U = np.uint32
 _I = np.int32
 
 
-def _check_rounding(rounding: str) -> None:
+def check_rounding_args(rounding: str, key=None, rand_bits: int | None = None,
+                        rng: str | None = None) -> None:
+  """The rounding-argument check of every public quantizer.
+
+  Raises ValueError for an unknown ``rounding`` or ``rng``, a ``rand_bits`` outside
+  [1, 32], ``rounding='stochastic'`` without a ``key``, and a ``key``, ``rand_bits`` or
+  non-default ``rng`` given to a deterministic rounding (which would ignore them).
+  ``rng=None`` is for callers that take no ``rng`` argument (the default, ``"hash"``).
+  """
   if rounding not in ROUNDINGS:
     raise ValueError(f"unknown rounding {rounding!r}; known: {', '.join(ROUNDINGS)}")
+  check_rand_bits(rand_bits)
+  if rng is not None and rng not in random_bits_lib.METHODS:
+    raise ValueError(f"unknown rng {rng!r}; known: {', '.join(random_bits_lib.METHODS)}")
+  if rounding == "stochastic":
+    if key is None:
+      raise ValueError("rounding='stochastic' needs a PRNG key")
+  elif key is not None or rand_bits is not None or rng not in (None, "hash"):
+    raise ValueError(f"key, rand_bits and rng are used by rounding='stochastic' only; "
+                     f"rounding={rounding!r} would ignore them")
 
 
 def check_float_input(x, fn: str) -> jax.Array:
@@ -414,18 +431,9 @@ def cast(x: jax.Array, fmt: str | formats_lib.Format, *,
       ``key``/``rand_bits``/``rng`` that a deterministic rounding would ignore.
   """
   f = formats_lib.get(fmt)
-  _check_rounding(rounding)
+  check_rounding_args(rounding, key, rand_bits, rng)
   x = jnp.asarray(x)
   _check_input(x, f)
-  check_rand_bits(rand_bits)
-  if rng not in random_bits_lib.METHODS:
-    raise ValueError(f"unknown rng {rng!r}; known: {', '.join(random_bits_lib.METHODS)}")
-  if rounding == "stochastic":
-    if key is None:
-      raise ValueError("rounding='stochastic' needs a PRNG key")
-  elif key is not None or rand_bits is not None or rng != "hash":
-    raise ValueError(f"key, rand_bits and rng are used by rounding='stochastic' only; "
-                     f"rounding={rounding!r} would ignore them")
   return _cast(x, key, fmt=f.name, rounding=rounding, saturate=bool(saturate),
                rand_bits=rand_bits, rng=rng)
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 
 from experiments.common.curve_plots import plot_curves
@@ -145,31 +146,69 @@ def dge_table(sweep_dir: str) -> str:
 
 
 SNR_RECIPES = (("1d2d", "mxfp4_1d2d"), ("+RHT", "mxfp4_rht"), ("+RHT+SR", "mxfp4"),
-               ("NVFP4 +RHT+SR", "nvfp4"))
+               ("NVFP4 +RHT+SR", "nvfp4"), ("+RHT+SR+MBS", "mxfp4+macro_blocks"))
+SNR_FILE = "operator_snr.json"  # in the report directory, beside results.jsonl
+SNR_SHAPE = {"tokens": 1024, "k": 512, "n": 512, "experts": 8, "repeats": 2}
 
 
-def snr_table(tokens: int = 1024, k: int = 512, n: int = 512, experts: int = 8,
-              repeats: int = 2) -> str:
-  """Markdown: ALTO's operator-level SNR (dB), Linear and grouped expert GEMM."""
+def _snr_recipe(name: str):
+  from lowprec.numerics import recipes  # pylint: disable=import-outside-toplevel
+  base, _, option = name.partition("+")
+  return recipes.with_macro_blocks(base) if option == "macro_blocks" else recipes.get(base)
+
+
+def measure_snr(label: str, recipe: str, gemm: str, shape: dict[str, int] = SNR_SHAPE
+                ) -> dict[str, float]:
+  """One cell of the SNR table: forward / dgrad / wgrad SNR (dB) of ``recipe`` (a name
+  of :data:`SNR_RECIPES`) on the Linear (``gemm="linear"``) or grouped expert GEMM."""
+  del label
   import jax  # pylint: disable=import-outside-toplevel
-  from lowprec.numerics import operator_snr, recipes  # pylint: disable=import-outside-toplevel
-  rows = [(label, recipes.get(name)) for label, name in SNR_RECIPES]
-  rows.append(("+RHT+SR+MBS", recipes.with_macro_blocks("mxfp4")))
+  from lowprec.numerics import operator_snr  # pylint: disable=import-outside-toplevel
+  experts = shape["experts"] if gemm == "grouped" else 0
+  tokens = shape["tokens"] // shape["experts"] if experts else shape["tokens"]
+  s = operator_snr.snr(_snr_recipe(recipe), tokens=tokens, k=shape["k"], n=shape["n"],
+                       experts=experts, key=jax.random.key(0), repeats=shape["repeats"])
+  return {part: float(s[part]) for part in ("forward", "dgrad", "wgrad")}
+
+
+def write_snr_data(report_dir: str, shape: dict[str, int] = SNR_SHAPE) -> str:
+  """Measures every cell of the SNR table (about a minute on 2 cores) and writes them to
+  ``report_dir/operator_snr.json`` with the git state; returns the path. The report
+  reads the committed file (:func:`snr_table`) instead of measuring on every rebuild."""
+  from experiments.common import run_metadata  # pylint: disable=import-outside-toplevel
+  rows = [{"label": label, "recipe": recipe,
+           **{gemm: measure_snr(label, recipe, gemm, shape) for gemm in ("linear", "grouped")}}
+          for label, recipe in SNR_RECIPES]
+  path = os.path.join(report_dir, SNR_FILE)
+  with open(path, "w") as f:
+    json.dump({"command": "python -m experiments.alto.operator_snr --table_dir=" + report_dir,
+               "git": run_metadata.git_state(), "shape": shape, "rows": rows}, f, indent=1)
+    f.write("\n")
+  return path
+
+
+def snr_table(sweep_dir: str) -> str:
+  """Markdown: ALTO's operator-level SNR (dB), Linear and grouped expert GEMM, from the
+  committed ``operator_snr.json`` (:func:`write_snr_data`); empty without it."""
+  path = os.path.join(sweep_dir, SNR_FILE)
+  if not os.path.exists(path):
+    return ""
+  with open(path) as f:
+    data = json.load(f)
+  shape = data["shape"]
+  tokens, k, n, experts = shape["tokens"], shape["k"], shape["n"], shape["experts"]
   lines = ["", "## Operator-level SNR (dB): forward O / dgrad dX / wgrad dW", "",
            f"Operands N(0, 1) + Bernoulli(0.005) N(0, 1e4) (`numerics.operator_snr.snr`); Linear: "
            f"X {tokens}x{k}, W {k}x{n}; grouped: {experts} experts, X {experts}x"
-           f"{tokens // experts}x{k}, W {experts}x{k}x{n}; mean of {repeats} draws. ALTO "
+           f"{tokens // experts}x{k}, W {experts}x{k}x{n}; mean of {shape['repeats']} draws. ALTO "
            "(Linear): 1d2d 13.48 / 11.80 / 13.02, +RHT 13.48 / 11.80 / 13.25, +RHT+SR "
            "13.48 / 11.02 / 13.04 (grouped 13.47 / 12.26 / 12.33), +RHT+MBS 14.64 / 12.20 / "
            "13.75; their shapes are not stated.", "",
            "| recipe | Linear | grouped GEMM |", "|---|---|---|"]
-  for label, recipe in rows:
-    cells = []
-    for e, t in ((0, tokens), (experts, tokens // experts)):
-      s = operator_snr.snr(recipe, tokens=t, k=k, n=n, experts=e, key=jax.random.key(0),
-                   repeats=repeats)
-      cells.append(f"{s['forward']:.2f} / {s['dgrad']:.2f} / {s['wgrad']:.2f}")
-    lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+  for row in data["rows"]:
+    cells = [f"{row[g]['forward']:.2f} / {row[g]['dgrad']:.2f} / {row[g]['wgrad']:.2f}"
+             for g in ("linear", "grouped")]
+    lines.append(f"| {row['label']} | {cells[0]} | {cells[1]} |")
   return "\n".join(lines) + "\n"
 
 
@@ -198,4 +237,4 @@ def alto_appendix(sweep_dir: str) -> str:
   """The report appendix: :func:`convergence_table`, :func:`dge_table`,
   :func:`late_training_plot` and :func:`snr_table`."""
   return (convergence_table(sweep_dir) + dge_table(sweep_dir) + late_training_plot(sweep_dir)
-          + snr_table())
+          + snr_table(sweep_dir))

@@ -27,7 +27,6 @@ import jax
 import optax
 
 from experiments.lm import experiment as lm
-from experiments.common import recipe_flag
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
 from lowprec.models.transformer import TransformerConfig

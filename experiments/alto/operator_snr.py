@@ -1,7 +1,11 @@
 """ALTO's operator-level SNR table: forward / dgrad / wgrad SNR (dB) per recipe.
 
-    python -m experiments.operator_snr
-    python -m experiments.operator_snr --recipes=mxfp4_1d2d,mxfp4_rht,mxfp4 --tokens=4096
+    python -m experiments.alto.operator_snr
+    python -m experiments.alto.operator_snr --recipes=mxfp4_1d2d,mxfp4_rht,mxfp4 --tokens=4096
+    python -m experiments.alto.operator_snr --table_dir=experiments/alto/report
+
+``--table_dir`` measures the ALTO report's table (:data:`experiments.alto.appendix.SNR_RECIPES`
+at its shapes) into ``<dir>/operator_snr.json``, which the report reads when it rebuilds.
 
 Operands are drawn as in ALTO: N(0, 1) + Bernoulli(0.005) * N(0, 1e4) for X, W and dO;
 the reference is the unquantized float32 GEMM (see numerics.operator_snr.snr). ALTO reports,
@@ -15,6 +19,7 @@ from absl import app
 from absl import flags
 import jax
 
+from experiments.common import log_filters
 from lowprec.numerics import operator_snr
 
 
@@ -32,10 +37,17 @@ def define_flags() -> None:
   flags.DEFINE_integer(
       "experts", 0, "0: a Linear GEMM; E > 0: also a grouped expert GEMM over E experts "
       "(X E x tokens x K, W E x K x N)")
+  flags.DEFINE_string("table_dir", None, "Write the ALTO report's SNR table data to "
+                      "<dir>/operator_snr.json instead (the other flags are not used).")
 
 
 def main(argv):
   del argv
+  log_filters.quiet_library_info()
+  if flags.FLAGS.table_dir:
+    from experiments.alto import appendix  # pylint: disable=import-outside-toplevel
+    print(f"wrote {appendix.write_snr_data(flags.FLAGS.table_dir)}")
+    return
   print(f"X {flags.FLAGS.tokens}x{flags.FLAGS.k}, W {flags.FLAGS.k}x{flags.FLAGS.n}, outlier rate "
         f"{flags.FLAGS.outlier_rate}, mean of {flags.FLAGS.repeats} draws")
   print(f"{'recipe':12s} {'GEMM':8s} {'forward':>8s} {'dgrad':>8s} {'wgrad':>8s}")

@@ -42,15 +42,7 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits, fn):
   if scale_rule not in blockscale.SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: "
                      f"{', '.join(blockscale.SCALE_RULES)}")
-  if rounding not in rounding_lib.ROUNDINGS:
-    raise ValueError(f"unknown rounding {rounding!r}; known: "
-                     f"{', '.join(rounding_lib.ROUNDINGS)}")
-  if rounding == "stochastic" and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  if rounding != "stochastic" and (key is not None or rand_bits is not None):
-    raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
-                     f"rounding={rounding!r} would ignore them")
-  rounding_lib.check_rand_bits(rand_bits)
+  rounding_lib.check_rounding_args(rounding, key, rand_bits)
   return f, rounding_lib.check_float_input(x, fn)
 
 

@@ -34,15 +34,7 @@ from lowprec.numerics.kernels import dispatch
 
 
 def _check(x, rounding, key, rand_bits, fn):
-  if rounding not in rounding_lib.ROUNDINGS:
-    raise ValueError(f"unknown rounding {rounding!r}; known: "
-                     f"{', '.join(rounding_lib.ROUNDINGS)}")
-  if rounding == "stochastic" and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  if rounding != "stochastic" and (key is not None or rand_bits is not None):
-    raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
-                     f"rounding={rounding!r} would ignore them")
-  rounding_lib.check_rand_bits(rand_bits)
+  rounding_lib.check_rounding_args(rounding, key, rand_bits)
   x = rounding_lib.check_float_input(x, fn)
   if x.ndim < 1:
     raise ValueError("NVFP4 needs an array with at least one axis")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lowprec import numerics
-from lowprec.numerics import blockscale, qdot, quantizer, recipes
+from lowprec.numerics import blockscale, kernels, qdot, quantizer, recipes
 
 X = jax.random.normal(jax.random.key(0), (64, 64))
 DN = (((1,), (0,)), ((), ()))
@@ -140,3 +140,26 @@ def test_one_convention_key_dtype_and_recipe_names():
   chex.assert_trees_all_equal(
       qdot.quantized_dot_general(X, X, DN, "fp32"),
       jax.lax.dot_general(X, X, DN, precision=jax.lax.Precision.HIGHEST))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(rounding="nearst"), "unknown rounding"),
+    (dict(rounding="stochastic"), "needs a PRNG key"),
+    (dict(key=jax.random.key(0)), "would ignore"),
+    (dict(rand_bits=8), "would ignore"),
+    (dict(rounding="stochastic", key=jax.random.key(0), rand_bits=0), "rand_bits"),
+])
+def test_every_quantizer_checks_rounding_arguments_alike(bad, match):
+  """One check (``rounding.check_rounding_args``, once written four times) behind the
+  element cast, the MX and NVFP4 quantizers and their Pallas kernels."""
+  x = jnp.ones((8, 64), jnp.float32)
+  entry_points = [
+      lambda **kw: numerics.cast(x, "e4m3", **kw),
+      lambda **kw: numerics.quantize_mx(x, "e4m3", **kw),
+      lambda **kw: numerics.quantize_nvfp4(x, **kw),
+      lambda **kw: kernels.mx_quantize(x, "e4m3", **kw),
+      lambda **kw: kernels.nvfp4_quantize(x, **kw),
+  ]
+  for fn in entry_points:
+    with pytest.raises(ValueError, match=match):
+      fn(**bad)
