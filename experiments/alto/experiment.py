@@ -14,7 +14,7 @@ adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
 ``with_macro_blocks``); ``--deoscillation`` chains
 :func:`numerics.optim.deoscillation.deoscillate` after AdamW, masked to the quantized
 weights, with the recipe's forward weight quantizer. Training, logging, checkpointing
-and resume are :func:`experiments.lm.train_and_evaluate`'s.
+and resume are :func:`experiments.common.lm_trainer.train_and_evaluate`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import optax
 
-from experiments.lm import experiment as lm
+from experiments.common import lm_trainer
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
 from lowprec.models.transformer import TransformerConfig
@@ -41,7 +41,7 @@ RECIPE_OPTIONS = ("dge", "static_clip", "dynamic_clip", "macro_block")
 
 
 @dataclasses.dataclass(frozen=True)
-class AltoConfig(lm.LMConfig):
+class AltoConfig(lm_trainer.LMConfig):
   """An ALTO run: the LM run's fields plus the MoE shape, recipe options and OsciReset."""
 
   recipe: str = config_field(
@@ -131,7 +131,7 @@ class AltoConfig(lm.LMConfig):
   def optimizer(self) -> optax.GradientTransformation:
     """AdamW, preceded by the DGE statistics (a dge run: they read the gradients as
     the backward produced them) and followed by de-oscillation (when on)."""
-    parts = [lm.make_optimizer(self)]
+    parts = [lm_trainer.make_optimizer(self)]
     recipe = self.build_recipe()
     if recipe.dge_k is not None:
       stats = dge_statistics(functools.partial(qdot.dge_factor, recipe), recipe.dge_clamp)
@@ -170,5 +170,5 @@ def quantized_weight_mask(params: Any) -> Any:
 
 
 def train_and_evaluate(config: AltoConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one ALTO run; returns its summary (see experiments.lm)."""
-  return lm.train_and_evaluate(config, options, experiment=EXPERIMENT)
+  """Trains and evaluates one ALTO run; returns its summary (see experiments.common.lm_trainer)."""
+  return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

@@ -29,7 +29,7 @@ stored second moment behaves (``train/optim/...``, measured from the state pytre
   moments (before bias correction): the largest update the stored state asks for;
 * ``state_bytes``, ``param_bytes``: the state's and the float32 parameters' bytes.
 
-Training, logging, checkpointing and resume are :func:`experiments.lm.train_and_evaluate`'s.
+Training, logging, checkpointing and resume are :func:`experiments.common.lm_trainer.train_and_evaluate`'s.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import optax
 from experiments.alto import experiment as alto
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
-from experiments.lm import experiment as lm
+from experiments.common import lm_trainer
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs
 from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
@@ -99,7 +99,7 @@ class OptimizerStateConfig(alto.AltoConfig):
     fmt = self.state_format()
     key = self.seed + _MOMENT_KEY_OFFSET if fmt.is_stochastic else None
     adamw = functools.partial(quantized_adamw, state_format=fmt, key=key)
-    return lm.make_optimizer(self, adamw)
+    return lm_trainer.make_optimizer(self, adamw)
 
   def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
     return state_metrics(opt_state)
@@ -145,5 +145,5 @@ def state_metrics(opt_state: Any) -> dict[str, jax.Array]:
 
 
 def train_and_evaluate(config: OptimizerStateConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (see experiments.lm)."""
-  return lm.train_and_evaluate(config, options, experiment=EXPERIMENT)
+  """Trains and evaluates one run; returns its summary (see experiments.common.lm_trainer)."""
+  return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

@@ -73,7 +73,7 @@ from experiments.common.config_flags import check_fields, config_field
 from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.lm import experiment as lm
+from experiments.common import lm_trainer
 from experiments.common.train_loop import init_train_state, make_train_step, run_loop
 from lowprec.models import lora
 from lowprec.models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
@@ -226,7 +226,7 @@ def pretrain_digest(config: QLoRAConfig) -> str:
 def _adamw(lr: float, steps: int, warmup: int, weight_decay: float, beta2: float,
            clip: float) -> optax.GradientTransformation:
   # The LM's schedule; at least 2 decay steps so a 1-step smoke run has a schedule.
-  return lm.scheduled_adamw(lr, max(steps, 2), warmup, weight_decay, beta2, clip)
+  return lm_trainer.scheduled_adamw(lr, max(steps, 2), warmup, weight_decay, beta2, clip)
 
 
 def _eval_data(config: QLoRAConfig, corpus: Corpus) -> list[dict[str, np.ndarray]]:

@@ -1,0 +1,288 @@
+"""The decoder-LM trainer on Shakespeare that several experiments share (harness).
+
+:class:`LMConfig` holds an LM run's fields and the hooks a derived config overrides
+(``transformer_config``, ``model_recipe``, ``quantization_rules``, ``optimizer``,
+``optimizer_metrics``); :func:`train_and_evaluate` trains and evaluates one run of any
+such config under :func:`experiments.common.run.open_run`. ``experiments.lm`` runs it
+as it is; ``experiments.alto`` (an MoE model and ALTO's recipe options),
+``experiments.optimizer_state`` (quantized AdamW moments on ALTO's model) and
+``experiments.qlora`` (its optimizer schedule) build on it, so no paper imports the
+``lm`` paper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments.common import distributed
+from experiments.common import recipe_flag
+from experiments.common import run as run_lib
+from experiments.common import shakespeare
+from experiments.common.checkpoint import Snapshot
+from experiments.common.config_flags import check_fields, config_field
+from experiments.common.results import run_summary
+from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
+                                           run_loop)
+from experiments.common.weight_inspection import make_inspector
+from lowprec.models import quantization
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from lowprec.numerics import tree_paths
+from lowprec.numerics import recipes as recipes_lib
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """Everything that defines an LM run's result (its flags; written to config.json)."""
+
+  recipe: str = config_field(
+      "bf16", "Numerics recipe of the linear projections (attention products and the LM "
+      "head stay bf16, as in ALTO): any of numerics.recipes.names() (fp32, bf16, fp8, "
+      "fp8_delayed, mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
+  seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.",
+                           domain="[0, inf)")
+  tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
+  max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).",
+                                domain="[0, inf)")
+  validation_fraction: float = config_field(0.1, "Last fraction of the text held out.",
+                                            domain="(0, 1)")
+  seq_len: int = config_field(128, "Tokens per training window.", domain="[1, inf)")
+  batch_size: int = config_field(32, "Global batch size (split over the data mesh).",
+                                 domain="[1, inf)")
+  d_model: int = config_field(128, "Model width.", domain="[1, inf)")
+  num_layers: int = config_field(2, "Transformer blocks.", domain="[1, inf)")
+  num_heads: int = config_field(4, "Attention heads.", domain="[1, inf)")
+  d_ff: int = config_field(512, "Feed-forward hidden width.", domain="[1, inf)")
+  num_steps: int = config_field(1000, "Training steps.", domain="[1, inf)")
+  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
+  warmup_steps: int = config_field(
+      -1, "Linear warmup steps, then cosine decay to 10% (-1: a tenth of num_steps).",
+      domain="[-1, inf)")
+  weight_decay: float = config_field(0.1, "AdamW decoupled weight decay.", domain="[0, inf)")
+  beta2: float = config_field(0.95, "AdamW second-moment decay.", domain="[0, 1)")
+  grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).",
+                                  domain="[0, inf)")
+  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).",
+                                 domain="[0, inf)")
+  eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).",
+                                   domain="[1, inf)")
+  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.",
+                                domain="[0, inf)")
+  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).",
+                                       domain="[0, inf)")
+  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.",
+                                      domain="[0, inf)")
+  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
+                                         domain="(0, inf)")
+  numerics_telemetry: bool = config_field(
+      False, "Log each quantized GEMM operand's saturated / flushed / scale-clamped "
+      "fractions and SQNR under numerics/<layer>/... (costs extra passes).")
+
+  def __post_init__(self):
+    check_fields(self)  # every field in its declared domain
+    for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.warmup_steps >= self.num_steps:
+      raise ValueError(f"warmup_steps must be below num_steps ({self.num_steps}), got "
+                       f"{self.warmup_steps}")
+
+  def warmup(self) -> int:
+    """The warmup steps: ``warmup_steps``, or a tenth of ``num_steps`` when it is -1."""
+    return self.num_steps // 10 if self.warmup_steps == -1 else self.warmup_steps
+
+  # Hooks a derived experiment (experiments.alto) overrides; the trainer calls only these.
+  def transformer_config(self, vocab_size: int) -> TransformerConfig:
+    """The model's architecture for a vocabulary of ``vocab_size``."""
+    return TransformerConfig(vocab_size=vocab_size, d_model=self.d_model,
+                             num_layers=self.num_layers, num_heads=self.num_heads,
+                             d_ff=self.d_ff, max_len=self.seq_len)
+
+  def model_recipe(self) -> Any:
+    """The recipe of the projections (a name or a numerics.recipes.Recipe)."""
+    return self.recipe
+
+  def quantization_rules(self) -> tuple[quantization.Rule, ...]:
+    """``models.quantize_model`` rules: the recipe and what stays bf16."""
+    return recipe_flag.model_rules(self.model_recipe())
+
+  def optimizer(self) -> optax.GradientTransformation:
+    """The optimizer (see :func:`make_optimizer`)."""
+    return make_optimizer(self)
+
+  def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
+    """Scalars read from the optimizer state after every step (none here)."""
+    del opt_state
+    return {}
+
+
+def make_optimizer(config: LMConfig, adamw: Callable[..., optax.GradientTransformation]
+                   = optax.adamw) -> optax.GradientTransformation:
+  """AdamW with linear warmup + cosine decay, optionally after global-norm clipping.
+
+  ``adamw(schedule, b2=..., weight_decay=...)`` builds the AdamW (``optax.adamw``, or
+  a drop-in such as :func:`numerics.optim.quantized_adam.quantized_adamw` with its
+  state format bound).
+  """
+  return scheduled_adamw(config.learning_rate, config.num_steps, config.warmup(),
+                         config.weight_decay, config.beta2, config.grad_clip, adamw)
+
+
+def scheduled_adamw(learning_rate: float, num_steps: int, warmup_steps: int,
+                    weight_decay: float, beta2: float, grad_clip: float,
+                    adamw: Callable[..., optax.GradientTransformation] = optax.adamw
+                    ) -> optax.GradientTransformation:
+  """:func:`make_optimizer` from its values: linear warmup over ``max(warmup_steps, 1)``
+  steps, cosine decay to 10% at ``num_steps``, global-norm clipping at ``grad_clip``
+  (0: none) before the AdamW that ``adamw`` builds."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, learning_rate, max(warmup_steps, 1), num_steps, end_value=0.1 * learning_rate)
+  adam = adamw(schedule, b2=beta2, weight_decay=weight_decay)
+  return optax.chain(optax.clip_by_global_norm(grad_clip), adam) if grad_clip > 0 else adam
+
+
+def hparams_of(config: LMConfig) -> dict[str, Any]:
+  """The config as TensorBoard HParams (every field: the HParams table compares arms)."""
+  return dataclasses.asdict(config)
+
+
+def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.Array]:
+  """``{name: mean over layers}`` of what the model sowed into ``collection``."""
+  grouped: dict[str, list[jax.Array]] = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(variables.get(collection, {}))[0]:
+    name = tree_paths.key_name(path[-2])  # sown values are tuples: (..., name, 0)
+    grouped.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
+  return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
+
+
+def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
+                       ) -> dict[str, Any]:
+  """Trains and evaluates one LM run; returns its summary (metrics and paths).
+
+  The model, recipe and optimizer come from the config's hooks, so a derived config
+  (:class:`experiments.alto.AltoConfig`) reuses this trainer. Losses the model sows
+  (the MoE balance loss) are added to the training loss, summed over layers, and logged
+  per name as ``sown/<name>`` (mean over layers), with sown metrics (``moe_dropped``);
+  validation loss is the next-token loss alone.
+  Safe to call repeatedly in one process (tests); multi-process setup happens once.
+  """
+  distributed.initialize(options.coordinator_address, options.num_processes,
+                         options.process_id, single_process=options.single_process)
+  options = resolve_run_options(options, experiment, config)
+  writer_process = distributed.is_writer()
+  logging.info("process %d/%d, %d local / %d global devices (%s)", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.default_backend())
+
+  splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
+                                   config.max_chars)
+  model = quantization.quantize_model(
+      DecoderLM(config.transformer_config(splits.vocab.size)),
+      config.quantization_rules(), telemetry=config.numerics_telemetry)
+  optimizer = config.optimizer()
+  mesh = distributed.data_mesh()
+  replicated = distributed.replicated(mesh)
+  # Delayed scaling (and telemetry of the backward GEMMs) keeps state in the
+  # OVERWRITE collection: the train state's params then hold {"params", OVERWRITE}.
+  stateful = quantization.OVERWRITE in jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
+                         jax.random.PRNGKey(0)))
+  telemetry = [quantization.NUMERICS] if config.numerics_telemetry else []
+
+  def apply(params, inputs, key):
+    variables = params if stateful else {"params": params}
+    return model.apply(variables, inputs, key,
+                       mutable=["losses", "metrics"] + telemetry)
+
+  def loss_fn(params, batch, key):
+    logits, sown = apply(params, batch["inputs"], key)
+    loss, accuracy = next_token_loss(logits, batch["targets"])
+    sown_losses = jax.tree.leaves(sown.get("losses", {}))
+    aux = {"accuracy": accuracy}
+    if sown_losses:
+      aux["next_token_loss"] = loss
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
+    aux.update(quantization.telemetry_scalars(sown.get(quantization.NUMERICS)))
+    return loss + sum(jnp.sum(l) for l in sown_losses), aux
+
+  @functools.partial(jax.jit, out_shardings=replicated)
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    variables = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
+                           jax.random.PRNGKey(0))
+    if not stateful:
+      return init_train_state(variables["params"], optimizer), loop_key
+    params = {"params": variables["params"],
+              quantization.OVERWRITE: variables[quantization.OVERWRITE]}
+    return TrainState(jnp.zeros((), jnp.int32), params,
+                      optimizer.init(variables["params"])), loop_key
+
+  def fresh() -> Snapshot:
+    state, rng = init(jax.random.PRNGKey(config.seed))
+    return Snapshot(state=state, rng=rng, step=0, data_position=0)
+
+  @jax.jit
+  def eval_step(params, batch, key):
+    logits, _ = apply(params, batch["inputs"], key)
+    return next_token_loss(logits, batch["targets"])
+
+  eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
+      splits.validation, num_batches=config.eval_batches, batch_size=config.batch_size,
+      seq_len=config.seq_len)]
+  # A fixed key: stochastic-rounding recipes then evaluate the same way every time.
+  eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
+
+  def evaluate(params) -> dict[str, float]:
+    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
+    loss = float(np.mean([r[0] for r in results]))
+    return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
+            "bits_per_char": loss / np.log(2.0)}
+
+  def batch_at(position: int):
+    return distributed.shard_batch(shakespeare.train_batch(
+        splits.train, seed=config.seed, position=position, batch_size=config.batch_size,
+        seq_len=config.seq_len), mesh)
+
+  with run_lib.open_run(experiment, config, options, hparams=hparams_of(config),
+                        writer_process=writer_process) as run:
+    start = run.restore(fresh, metadata={"vocab_size": splits.vocab.size})
+    model_params = start.state.params["params"] if stateful else start.state.params
+    n_params = sum(x.size for x in jax.tree.leaves(model_params))
+    logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
+                 n_params, splits.vocab.size, config.recipe, splits.train.size,
+                 splits.validation.size)
+
+    settings = run.settings(config.num_steps,
+                            every_step_scalars=False,  # log_every means what it says
+                            # 3x a uniform predictor's loss: a blow-up, not noise
+                            max_healthy_loss=3 * math.log(splits.vocab.size))
+    recipe = recipes_lib.get(config.model_recipe())
+    # A delayed-scaling recipe's weight error depends on its state: histograms only.
+    inspector = make_inspector(
+        recipe_flag.recipe_dot_general("fp32" if recipe.delayed_operands else recipe),
+        skip_prefixes=("",) if recipe.delayed_operands else ("head",),
+        skip_names=("router",))
+    carried = (dict(overwrite_with_gradient=quantization.OVERWRITE,
+                    overwrite_metrics=lambda s: quantization.telemetry_scalars(overwrite=s))
+               if stateful else {})
+    result = run_loop(start=start,
+                      train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics,
+                                                 **carried),
+                      batch_at=batch_at, settings=settings, writer=run.writer,
+                      checkpointer=run.checkpointer, evaluate=evaluate,
+                      inspect=(lambda p: inspector(p["params"])) if stateful else inspector)
+    summary = run_summary(experiment, options, config, result, start_time=run.t0,
+                          num_params=n_params, resumed_from_step=start.step,
+                          process_count=jax.process_count(),
+                          device_count=jax.device_count())
+    run.finish(summary, completed=result.completed, step=result.snapshot.step)
+  return summary
