@@ -20,6 +20,7 @@ import numpy as np
 from absl import logging
 from tensorboard.backend.event_processing import io_wrapper
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
@@ -145,6 +146,37 @@ def load(logdir: str, problems: list[EventFileDamage] | None = None) -> EventAcc
   return acc
 
 
+def _events(logdir: str, problems: list[EventFileDamage] | None = None, *,
+            purge: bool = True) -> list[event_pb2.Event]:
+  """The events of ``logdir``'s event files (by name), from their intact records, as
+  TensorBoard's accumulator keeps them: a ``SessionLog.START`` at step s (a resumed
+  run, :class:`~experiments.common.tensorboard_writer.MetricWriter`) drops every event
+  read so far at a step >= s (with ``purge``; only in files of version 2, the
+  version every current writer writes). Reading the records checked by :func:`_checked_file`
+  directly skips the accumulator's second CRC pass and its per-event bookkeeping, which
+  took most of a report rebuild. Damage is reported as by :func:`load`."""
+  damage = event_file_damage(logdir)
+  for d in damage:
+    logging.warning("damaged event file: %s", d)
+  if problems is not None:
+    problems.extend(damage)
+  events: list[event_pb2.Event] = []
+  version = 0.0
+  for path in _event_files(logdir):
+    records, _ = _checked_file(path)
+    with open(path, "rb") as f:
+      data = f.read()
+    for a, b in records:
+      event = event_pb2.Event.FromString(data[a + _HEADER:b - _FOOTER])
+      if event.HasField("file_version"):
+        version = float(event.file_version.rsplit(":", 1)[-1])
+      if purge and version >= 2 and event.HasField("session_log") and (
+          event.session_log.status == event_pb2.SessionLog.START):
+        events = [e for e in events if e.step < event.step]
+      events.append(event)
+  return events
+
+
 def _by_step(pairs) -> list[tuple[int, float]]:
   """One value per step, the last written (a resumed run rewrites steps), by step."""
   return sorted({step: value for step, value in pairs}.items())
@@ -156,20 +188,24 @@ def read_scalars(logdir: str, problems: list[EventFileDamage] | None = None
   written: a resumed run rewrites the steps an interrupted one logged past its
   checkpoint, and marks them superseded), from scalars or scalar-tensors. Damaged
   event files: see :func:`load`."""
-  acc = load(logdir, problems)
-  tags = acc.Tags()
-  out: dict[str, list[tuple[int, float]]] = {}
-  for tag in tags.get("scalars", []):
-    out[tag] = _by_step((e.step, float(e.value)) for e in acc.Scalars(tag))
+  scalars: dict[str, list[tuple[int, float]]] = {}
+  tensors: dict[str, list[tuple[int, Any]]] = {}
+  for event in _events(logdir, problems):
+    for value in event.summary.value:
+      kind = value.WhichOneof("value")
+      if kind == "simple_value":
+        scalars.setdefault(value.tag, []).append((event.step, float(value.simple_value)))
+      elif kind == "tensor":
+        tensors.setdefault(value.tag, []).append((event.step, value.tensor))
+  out = {tag: _by_step(pairs) for tag, pairs in scalars.items()}
   # Writers that attach scalar plugin metadata (tensorboard.summary.Writer, tensorboardX)
-  # land under tensors in the classic accumulator.
-  for tag in tags.get("tensors", []):
+  # write scalars as tensors.
+  for tag, pairs in tensors.items():
     if tag.startswith("_hparams_/") or tag in out:
       continue
-    events = acc.Tensors(tag)
-    values = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in events]
+    values = [(step, tensor_util.make_ndarray(t)) for step, t in pairs]
     if all(np.ndim(v) == 0 for _, v in values):
-      out[tag] = _by_step((s, float(v)) for s, v in values)
+      out[tag] = _by_step((step, float(v)) for step, v in values)
   return out
 
 
@@ -182,11 +218,18 @@ def read_histograms(logdir: str) -> dict[str, list[tuple[int, Any]]]:
 
 
 def _hparams_content(logdir: str) -> dict[str, bytes]:
-  """The HParams plugin's raw records in ``logdir`` by tag (empty if none)."""
-  try:
-    return load(logdir).PluginTagToContent(hparams_metadata.PLUGIN_NAME)
-  except KeyError:
-    return {}
+  """The HParams plugin's raw records in ``logdir`` by tag (empty if none); as
+  TensorBoard's accumulator, the first metadata of a tag is the one kept."""
+  content: dict[str, bytes] = {}
+  seen: set[str] = set()
+  for event in _events(logdir, purge=False):  # metadata outlives a purge
+    for value in event.summary.value:
+      if value.HasField("metadata") and value.tag not in seen:
+        seen.add(value.tag)
+        plugin = value.metadata.plugin_data
+        if plugin.plugin_name == hparams_metadata.PLUGIN_NAME:
+          content[value.tag] = plugin.content
+  return content
 
 
 def _parse(content: dict[str, bytes], tag: str):
