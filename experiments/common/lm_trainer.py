@@ -1,7 +1,7 @@
 """The decoder-LM trainer on Shakespeare that several experiments share (harness).
 
 :class:`LMConfig` holds an LM run's fields and the hooks a derived config overrides
-(``transformer_config``, ``model_recipe``, ``quantization_rules``, ``optimizer``,
+(``transformer_config``, ``model_recipe``, ``optimizer``,
 ``optimizer_metrics``); :func:`train_and_evaluate` trains and evaluates one run of any
 such config under :func:`experiments.common.run.open_run`. ``experiments.lm`` runs it
 as it is; ``experiments.alto`` (an MoE model and ALTO's recipe options),
@@ -107,12 +107,9 @@ class LMConfig:
                              d_ff=self.d_ff, max_len=self.seq_len)
 
   def model_recipe(self) -> Any:
-    """The recipe of the projections (a name or a numerics.recipes.Recipe)."""
+    """The recipe of the projections (a name or a numerics.recipes.Recipe); the
+    trainer resolves it once, and the Recipe object travels from there."""
     return self.recipe
-
-  def quantization_rules(self) -> tuple[quantization.Rule, ...]:
-    """``models.quantize_model`` rules: the recipe and what stays bf16."""
-    return recipe_flag.model_rules(self.model_recipe())
 
   def optimizer(self) -> optax.GradientTransformation:
     """The optimizer (see :func:`make_optimizer`)."""
@@ -184,9 +181,12 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
 
   splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
                                    config.max_chars)
+  # The one place the --recipe name becomes a Recipe: the rules, the inspector and the
+  # quantized GEMMs below receive the object.
+  recipe = recipes_lib.get(config.model_recipe())
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(splits.vocab.size)),
-      config.quantization_rules(), telemetry=config.numerics_telemetry)
+      recipe_flag.model_rules(recipe), telemetry=config.numerics_telemetry)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)
@@ -265,7 +265,6 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                             every_step_scalars=False,  # log_every means what it says
                             # 3x a uniform predictor's loss: a blow-up, not noise
                             max_healthy_loss=3 * math.log(splits.vocab.size))
-    recipe = recipes_lib.get(config.model_recipe())
     # A delayed-scaling recipe's weight error depends on its state: histograms only.
     inspector = make_inspector(
         recipe_flag.recipe_dot_general("fp32" if recipe.delayed_operands else recipe),

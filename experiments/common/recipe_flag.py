@@ -54,7 +54,7 @@ def model_rules(recipe: str | recipes_lib.Recipe) -> tuple[quantization.Rule, ..
   return (quantization.Rule(r"(.*/)?router", "bf16", required=False),  # MoE models only
           quantization.Rule(r"block_\d+", "bf16"),
           quantization.Rule("head", "bf16"),
-          quantization.Rule(".*", recipe))
+          quantization.Rule(".*", r))
 
 
 def looped_rules(recipe: str | recipes_lib.Recipe) -> tuple[quantization.Rule, ...]:

@@ -10,6 +10,7 @@ import pytest
 from experiments.common import recipe_flag
 from lowprec.models import transformer
 from lowprec.models.transformer import bf16_dot_general, fp32_dot_general
+from lowprec.numerics import recipes
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -50,7 +51,8 @@ def test_rule_list_equals_the_old_injected_dot_generals(recipe, experts):
 def test_rules_and_recipe_names():
   assert recipe_flag.model_rules("fp32") == ()
   rules = recipe_flag.model_rules("mxfp8")
-  assert [r.recipe for r in rules] == ["bf16", "bf16", "bf16", "mxfp8"]
+  assert [r.recipe_name for r in rules] == ["bf16", "bf16", "bf16", "mxfp8"]
+  assert isinstance(rules[-1].recipe, recipes.Recipe)  # resolved once, then the object
   assert rules[0].matches("block_1/moe/router", "dot_general")
   assert rules[1].matches("block_0", "dot_general") and not rules[1].matches(
       "block_0/qkv", "dot_general")
