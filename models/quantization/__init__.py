@@ -70,12 +70,12 @@ import jax
 import jax.numpy as jnp
 
 from lowprec.numerics import telemetry as telemetry_lib
-from lowprec.models.quantization import interception
+from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import linen_front
 from lowprec.models.quantization import nnx_front
-from lowprec.models.quantization.interception import (NUMERICS, OVERWRITE, RNG_STREAM,
-                                              conv_general_dilated, dot, dot_general,
-                                              einsum, matmul)
+from lowprec.models.quantization.context import NUMERICS, OVERWRITE, RNG_STREAM
+from lowprec.models.quantization.interception import (conv_general_dilated, dot,
+                                                      dot_general, einsum, matmul)
 from lowprec.models.quantization.recording import OpRecord, plan, recording, unused_rules
 from lowprec.models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
                                        projections_only)
@@ -113,10 +113,10 @@ def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
     A model of the same type, with the same variables (plus the collections
     :data:`OVERWRITE` and :data:`NUMERICS` when the rules and ``telemetry`` need them).
   """
-  if unused_rules not in interception.UNUSED_RULES:
-    raise ValueError(f"unused_rules must be one of {interception.UNUSED_RULES}, got "
+  if unused_rules not in context_lib.UNUSED_RULES:
+    raise ValueError(f"unused_rules must be one of {context_lib.UNUSED_RULES}, got "
                      f"{unused_rules!r}")
-  config = interception.Config(check_rules(rules), bool(telemetry), rng_stream,
+  config = context_lib.Config(check_rules(rules), bool(telemetry), rng_stream,
                                unused_rules)
   if isinstance(model, nn.Module):
     if rngs is not None:

@@ -13,24 +13,21 @@ While a quantized model's call is active in a thread, these functions are replac
 * ``jax.nn.dot_product_attention`` -> :func:`dot_product_attention` (``attention``): under
   a quantizing rule it runs JAX's own XLA attention with its two einsums quantized.
 
-Each op looks up the module that issued it (the front ends, :mod:`.linen_front` and
-:mod:`.nnx_front`, keep the module stack) and the first rule matching its path and kind,
-records what it did (:mod:`.recording`), and runs the original or the recipe's
-quantized op (:mod:`numerics.qdot`, :mod:`numerics.qconv`). The library's own
-contractions inside a quantized op pass through (``Context.busy``).
+Each op hands itself to :func:`.context.handle`, which looks up the module that issued
+it (the front ends, :mod:`.linen_front` and :mod:`.nnx_front`, keep the module stack)
+and the first rule matching its path and kind, records what it did (:mod:`.recording`),
+and runs the original or the recipe's quantized op (:mod:`numerics.qdot`,
+:mod:`numerics.qconv`). The library's own contractions inside a quantized op pass
+through (``Context.busy``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import threading
-import warnings
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
-from flax import linen as nn
-from flax import nnx
 import flax.linen.attention as linen_attention
 import flax.nnx.nn.attention as nnx_attention
 import jax
@@ -42,14 +39,9 @@ from jax import lax
 
 from lowprec.numerics import qconv
 from lowprec.numerics import qdot
-from lowprec.numerics import recipes as recipes_lib
+from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import recording
-from lowprec.models.quantization.rules import Rule
-
-OVERWRITE = "_overwrite_with_gradient"  # flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT
-NUMERICS = "numerics"
-RNG_STREAM = "quant"
-UNUSED_RULES = ("warn", "raise", "ignore")
+from lowprec.models.quantization.context import Context, active
 
 # The functions the model would have called (captured before any interception).
 LAX_DOT_GENERAL = lax.dot_general
@@ -66,53 +58,8 @@ _ATTENTION_CODE = frozenset(
                          nnx_attention.dot_product_attention_weights,
                          nnx_attention.dot_product_attention))
 
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """How a quantized model runs: its rules and options (see ``quantize_model``).
-
-  ``caught`` collects the ids of the rules that matched an op in any call so far (the
-  unused-rule check reads it); it is the one mutable part, and per model.
-  """
-
-  rules: tuple[Rule, ...]
-  telemetry: bool
-  rng_stream: str
-  unused_rules: str = "warn"  # one of UNUSED_RULES
-  caught: set = dataclasses.field(default_factory=set, compare=False, repr=False)
-
-
-class Context:
-  """The interception state of one call of a quantized model (one thread)."""
-
-  def __init__(self, config: Config, top: Any, top_path: tuple[str, ...], kind: str):
-    self.config = config
-    self.kind = kind  # "linen" or "nnx"
-    self.top_path = top_path
-    self.stack: list[tuple[Any, str]] = [(top, "")]
-    self.counts: dict[int, dict[str, int]] = {}
-    self.busy = False  # inside a handler: the library's own matmuls pass through
-    self.attention = False  # inside a decomposed jax.nn.dot_product_attention
-
-  def path_of_linen(self, module: nn.Module) -> str:
-    path = tuple(module.path)
-    return "/".join(str(p) for p in path[len(self.top_path):])
-
-  def next_op_id(self, module: Any, op: str) -> str:
-    key = id(module.scope) if self.kind == "linen" else id(module)
-    counts = self.counts.setdefault(key, {})
-    n = counts.get(op, 0)
-    counts[op] = n + 1
-    return f"{op}_{n}"
-
-
-_local = threading.local()
 _patch_lock = threading.Lock()
 _patch_count = 0
-
-
-def active() -> Context | None:
-  return getattr(_local, "context", None)
 
 
 def _install(intercepting: bool) -> None:
@@ -144,142 +91,16 @@ def activate(context: Context) -> Iterator[None]:
     if _patch_count == 0:
       _install(True)
     _patch_count += 1
-  previous = active()
-  _local.context = context
+  previous = context_lib.set_active(context)
   try:
     yield
   finally:
-    _local.context = previous
+    context_lib.set_active(previous)
     with _patch_lock:
       _patch_count -= 1
       if _patch_count == 0:
         _install(False)
-  _check_unused(context.config)
-
-
-def _check_unused(config: Config) -> None:
-  unused = [r for r in config.rules if r.required and id(r) not in config.caught]
-  if not unused or config.unused_rules == "ignore":
-    return
-  names = ", ".join(f"Rule({r.module_path!r}, {r.recipe_name!r}, ops={r.ops})"
-                    for r in unused)
-  message = (f"quantize_model: {names} matched no op of the model in its calls so far "
-             f"(a typo in a module path? models.quantization.recording() lists the paths "
-             f"and op kinds the model issues)")
-  if config.unused_rules == "raise":
-    raise ValueError(message)
-  warnings.warn(message, stacklevel=4)
-
-
-@contextlib.contextmanager
-def passthrough(ctx: Context) -> Iterator[None]:
-  busy, ctx.busy = ctx.busy, True
-  try:
-    yield
-  finally:
-    ctx.busy = busy
-
-
-def current(ctx: Context) -> tuple[Any, str]:
-  module, path = ctx.stack[-1]
-  if ctx.kind == "linen" and module is not ctx.stack[0][0]:
-    path = ctx.path_of_linen(module)
-  return module, path
-
-
-def _rule_for(ctx: Context, path: str, kind: str) -> Rule | None:
-  for rule in ctx.config.rules:
-    if rule.matches(path, kind):
-      return rule
-  return None
-
-
-def _make_key(ctx: Context, module: Any, rule: Rule, path: str, op_id: str):
-  stream = ctx.config.rng_stream
-  if ctx.kind == "linen":
-    try:
-      return module.make_rng(stream)
-    except Exception as e:  # flax raises InvalidRngError (its message names the stream)
-      raise ValueError(
-          f"{path or '<model>'}/{op_id}: rule {rule.module_path!r} uses recipe "
-          f"{rule.recipe_name!r}, which draws random numbers; pass rngs={{'{stream}': key}}"
-          f" to init and apply ({type(e).__name__}: {e})") from None
-  rngs = getattr(ctx.stack[0][0], "quant_rngs", None)
-  if rngs is None or stream not in rngs:
-    raise ValueError(f"{path or '<model>'}/{op_id}: recipe {rule.recipe_name!r} draws "
-                     f"random numbers; give quantize_model rngs=nnx.Rngs({stream}=...)")
-  return rngs[stream]()
-
-
-def _state(ctx: Context, module: Any, path: str, op_id: str, recipe: recipes_lib.Recipe
-           ) -> dict:
-  """The op's qdot state: delayed-scaling histories and backward telemetry probes."""
-  telemetry = ctx.config.telemetry and recipe.quantized
-  if not (recipe.delayed_operands or telemetry):
-    return {}
-  if ctx.kind == "nnx":
-    if recipe.delayed_operands:
-      raise ValueError(f"{path or '<model>'}/{op_id}: recipe {recipe.name!r} uses delayed "
-                       f"scaling, whose state needs a linen model (collection "
-                       f"{OVERWRITE!r}) or numerics.qdot.quantized_dot_general_with_state")
-    return qdot.init_state(recipe, telemetry=True)
-  scope = module.scope
-  if scope.has_variable(OVERWRITE, op_id):
-    return scope.get_variable(OVERWRITE, op_id)
-  state = qdot.init_state(recipe, telemetry=telemetry)
-  if scope.is_mutable_collection(OVERWRITE):
-    scope.put_variable(OVERWRITE, op_id, state)
-  elif recipe.delayed_operands:
-    raise ValueError(f"{path or '<model>'}/{op_id}: the delayed-scaling state of recipe "
-                     f"{recipe.name!r} is missing: pass the {OVERWRITE!r} collection "
-                     f"that init created to apply")
-  return state
-
-
-def _sow(ctx: Context, module: Any, op_id: str, telemetry: dict) -> None:
-  if not telemetry:
-    return
-  stats = {slot.replace("/", "_"): t._asdict() for slot, t in telemetry.items()}
-  if ctx.kind == "linen":
-    if module.is_mutable_collection(NUMERICS):
-      module.sow(NUMERICS, op_id, stats)
-  else:
-    module.sow(nnx.Intermediate, f"numerics_{op_id}", stats)
-
-
-def _reason(rule: Rule | None) -> str:
-  if rule is None:
-    return "as written: no rule matched"
-  if rule.recipe is None:
-    return f"as written: rule {rule.module_path!r} keeps it"
-  return f"{rule.recipe_name}: rule {rule.module_path!r}"
-
-
-def _handle(op: str, kind: str, lhs_shape, rhs_shape, call_original: Callable[[], Any],
-            call_quantized: Callable[..., tuple[Any, dict]], key=None,
-            check: Callable[[Rule], None] | None = None):
-  """Runs one intercepted op per its rule (see the module docstring)."""
-  ctx = active()
-  module, path = current(ctx)
-  op_id = ctx.next_op_id(module, op)
-  rule = _rule_for(ctx, path, kind)
-  if rule is not None:
-    ctx.config.caught.add(id(rule))
-  recording.record(recording.OpRecord(path, op_id, rule, tuple(lhs_shape),
-                                      tuple(rhs_shape), kind, _reason(rule)))
-  if rule is None or rule.recipe is None:
-    with passthrough(ctx):
-      return call_original()
-  if check is not None:
-    check(rule, f"{path or '<model>'}/{op_id}")
-  recipe = recipes_lib.get(rule.recipe)
-  if key is None and recipe.needs_key:
-    key = _make_key(ctx, module, rule, path, op_id)
-  state = _state(ctx, module, path, op_id, recipe)
-  with passthrough(ctx):
-    out, telemetry = call_quantized(recipe, state, key)
-  _sow(ctx, module, op_id, telemetry)
-  return out
+  context_lib.check_unused(context.config)
 
 
 # ---------------------------------------------------------------------- dot_general
@@ -308,7 +129,7 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
         lhs, rhs, dimension_numbers, recipe, state, key=key, precision=precision,
         preferred_element_type=preferred_element_type)
 
-  return _handle("dot_general", "attention" if ctx.attention else "dot_general",
+  return context_lib.handle("dot_general", "attention" if ctx.attention else "dot_general",
                  jnp.shape(lhs), jnp.shape(rhs), original, quantized, key)
 
 
@@ -376,7 +197,7 @@ def einsum(subscripts, *operands, _dot_general=None, **kwargs):
 
   kind = "attention" if (ctx.attention or _in_flax_attention()) else "einsum"
   shapes = [jnp.shape(o) for o in operands[:2]] + [()] * (2 - min(len(operands), 2))
-  return _handle("einsum", kind, shapes[0], shapes[1], original, quantized, check=check)
+  return context_lib.handle("einsum", kind, shapes[0], shapes[1], original, quantized, check=check)
 
 
 def _intercepted_einsum(subscripts, *operands, **kwargs):
@@ -430,7 +251,7 @@ def _contraction(op, original_fn, operands_fn, a, b, precision, preferred_elemen
         lhs, rhs, dn, recipe, state, key=key, precision=precision,
         preferred_element_type=preferred_element_type)
 
-  return _handle(op, "matmul", jnp.shape(a), jnp.shape(b), original, quantized)
+  return context_lib.handle(op, "matmul", jnp.shape(a), jnp.shape(b), original, quantized)
 
 
 def matmul(a, b, *, precision=None, preferred_element_type=None, **kwargs):
@@ -486,7 +307,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
                        f"not one GEMM and cannot be quantized under rule "
                        f"{rule.module_path!r}: give its module a rule with recipe=None")
 
-  return _handle("conv", "conv", jnp.shape(lhs), jnp.shape(rhs), original, quantized,
+  return context_lib.handle("conv", "conv", jnp.shape(lhs), jnp.shape(rhs), original, quantized,
                  check=check)
 
 
@@ -514,17 +335,17 @@ def dot_product_attention(query, key, value, *args, **kwargs):
   ctx = active()
   if ctx is None or ctx.busy:
     return FUSED_ATTENTION(query, key, value, *args, **kwargs)
-  _, path = current(ctx)
-  rule = _rule_for(ctx, path, "attention")
+  _, path = context_lib.current(ctx)
+  rule = context_lib.rule_for(ctx, path, "attention")
   if rule is None or rule.recipe is None:
-    module, _ = current(ctx)
+    module, _ = context_lib.current(ctx)
     op_id = ctx.next_op_id(module, "dot_product_attention")
     if rule is not None:
       ctx.config.caught.add(id(rule))
     recording.record(recording.OpRecord(path, op_id, rule, tuple(jnp.shape(query)),
                                         tuple(jnp.shape(key)), "attention",
-                                        _reason(rule)))
-    with passthrough(ctx):
+                                        context_lib.reason(rule)))
+    with context_lib.passthrough(ctx):
       return FUSED_ATTENTION(query, key, value, *args, **kwargs)
   if kwargs.get("implementation") not in (None, "xla"):
     raise ValueError(f"{path or '<model>'}: jax.nn.dot_product_attention(implementation="

@@ -12,11 +12,12 @@ from typing import Any, Callable, Sequence
 
 from flax import linen as nn
 
+from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import interception
 
 
 def _track(next_fun, args, kwargs, context):
-  ctx = interception.active()
+  ctx = context_lib.active()
   if ctx is None or ctx.kind != "linen" or context.module.scope is None:
     return next_fun(*args, **kwargs)
   ctx.stack.append((context.module, ""))
@@ -26,20 +27,20 @@ def _track(next_fun, args, kwargs, context):
     ctx.stack.pop()
 
 
-def _method(fn: Callable[..., Any], config: interception.Config) -> Callable[..., Any]:
+def _method(fn: Callable[..., Any], config: context_lib.Config) -> Callable[..., Any]:
 
   @functools.wraps(fn)
   def method(self, *args, **kwargs):
-    if interception.active() is not None or self.scope is None:  # nested: outer rules
+    if context_lib.active() is not None or self.scope is None:  # nested: outer rules
       return fn(self, *args, **kwargs)
-    context = interception.Context(config, self, tuple(self.path), "linen")
+    context = context_lib.Context(config, self, tuple(self.path), "linen")
     with interception.activate(context), nn.intercept_methods(_track):
       return fn(self, *args, **kwargs)
 
   return method
 
 
-def quantize(model: nn.Module, config: interception.Config, methods: Sequence[str]
+def quantize(model: nn.Module, config: context_lib.Config, methods: Sequence[str]
              ) -> nn.Module:
   """A copy of linen ``model`` whose ``methods`` run under interception."""
   base = getattr(type(model), "_unquantized_type", type(model))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flax import nnx
 
+from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import interception
 
 _TRACKED: dict[type, type] = {}
@@ -33,10 +34,10 @@ def _tracked_class(cls: type) -> type:
   call = cls.__call__
 
   def __call__(self, *args, **kwargs):
-    ctx = interception.active()
+    ctx = context_lib.active()
     config = getattr(self, "_quantization_config", None)
     if ctx is None and config is not None:  # the quantized model itself
-      with interception.activate(interception.Context(config, self, (), "nnx")):
+      with interception.activate(context_lib.Context(config, self, (), "nnx")):
         return call(self, *args, **kwargs)
     if ctx is None or ctx.kind != "nnx":
       return call(self, *args, **kwargs)
@@ -51,7 +52,7 @@ def _tracked_class(cls: type) -> type:
   return tracked
 
 
-def quantize(model: nnx.Module, config: interception.Config, rngs: nnx.Rngs | None
+def quantize(model: nnx.Module, config: context_lib.Config, rngs: nnx.Rngs | None
              ) -> nnx.Module:
   """A clone of NNX ``model`` whose calls run under interception."""
   model = nnx.clone(model)
