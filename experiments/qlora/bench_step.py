@@ -72,11 +72,12 @@ METHODS = {
 VOCAB = 84  # the corpus's character vocabulary (the time barely depends on it)
 
 
-def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray]
-              ) -> dict[str, Callable[[], Any]]:
+def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray],
+              methods: tuple[str, ...] = tuple(METHODS)) -> dict[str, Callable[[], Any]]:
   model = config.model(VOCAB)
   fns = {}
-  for name, overrides in METHODS.items():
+  for name in methods:
+    overrides = METHODS[name]
     cfg = dataclasses.replace(config, **overrides)
     setup = make_setup(cfg, model, params)
     optimizer = make_optimizer(cfg)

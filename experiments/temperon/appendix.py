@@ -86,3 +86,10 @@ def bench_section(sweep_dir: str) -> list[str]:
                  f"{', '.join(f'{r:.2f}' for r in ratios)} | "
                  f"{side if arm != BASELINE else '-'} |")
   return lines
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.temperon.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)
