@@ -98,6 +98,7 @@ PAPER_SHORT_STEPS = 240
 SHORT_SEEDS = tuple(range(12))
 LONG_SEEDS = tuple(range(8))
 CALIBRATION_SEEDS = (100, 101, 102)
+LONG_CALIBRATION_SEEDS = (100,)
 RECALL = "eval/recall"
 MARGIN = 0.05
 PAPER = "Memoir abstract (arXiv 2607.20792)"
@@ -155,6 +156,9 @@ def memoir_long() -> Sweep:
                              base=dataclasses.replace(short.base, num_steps=LONG_STEPS,
                                                       schedule_steps=0, eval_every=80),
                              seeds=LONG_SEEDS, claims=LONG_CLAIMS,
+                             # Only seed 100 calibrated before the long sweep (its task);
+                             # 101 and 102 calibrated the short budget after it.
+                             calibration_seeds=LONG_CALIBRATION_SEEDS,
                              report_dir="experiments/memoir/report/long")
 
 

@@ -6,6 +6,7 @@ HParams are committed, and no committed report file names a path of the machine 
 wrote it.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -57,3 +58,21 @@ def test_committed_report_files_name_no_machine_path():
         assert REPO_DIR not in text, os.path.join(d, f)
         match = machine_path.search(text)
         assert match is None, (os.path.join(d, f), text[match.start():match.end() + 30])
+
+
+def test_declarations_are_the_ones_their_committed_reports_recorded():
+  """A registered sweep's seeds, calibration seeds, arms and claims at HEAD are the ones
+  its committed report ran under (sweep.json), so the declaration reads true."""
+  from launch import registry  # pylint: disable=import-outside-toplevel
+  for name in registry.names():
+    sweep = registry.get(name)
+    path = os.path.join(REPO_DIR, sweep.report_dir, "sweep.json")
+    if not sweep.report_dir or not os.path.exists(path):
+      continue
+    info = json.load(open(path))
+    assert list(sweep.seeds) == info["seeds"], name
+    assert list(sweep.calibration_seeds) == info.get("calibration_seeds", []), name
+    assert [{"name": a.name, "overrides": dict(a.overrides)} for a in sweep.arms] == \
+        info["arms"], name
+    if "claims" in info:  # reports from before claims were declared have none
+      assert [dataclasses.asdict(c) for c in sweep.claims] == info["claims"], name
