@@ -151,7 +151,7 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
       "backend": jax.default_backend(), "jax": jax.__version__,
       "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
       "load_average_before": [round(x, 2) for x in os.getloadavg()],
-      "git_commit": run_metadata.git_state().get("commit", ""),
+      "git": run_metadata.git_state(),  # commit and dirty flag
   }
   fns = dict(steps)
   gemm_info: dict[str, Any] = {}
