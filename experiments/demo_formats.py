@@ -15,14 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import numerics
-from numerics import operator_snr
-from numerics.outlier_data import outlier_data
-
-_ROWS = flags.DEFINE_integer("rows", 256, "tensor rows")
-_COLS = flags.DEFINE_integer("cols", 1024, "tensor columns (multiple of 32)")
-_OUTLIERS = flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli rate of N(0, 1e4) outliers")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed")
+from lowprec import numerics
+from lowprec.numerics import operator_snr
+from lowprec.numerics.outlier_data import outlier_data
 
 
 def error_row(x: np.ndarray, q: np.ndarray) -> dict:
@@ -55,12 +50,21 @@ def table(x: jax.Array, key: jax.Array) -> list[tuple[str, str, dict]]:
   return rows
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_integer("rows", 256, "tensor rows")
+  flags.DEFINE_integer("cols", 1024, "tensor columns (multiple of 32)")
+  flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli rate of N(0, 1e4) outliers")
+  flags.DEFINE_integer("seed", 0, "PRNG seed")
+
+
 def main(argv):
   del argv
-  key = jax.random.key(_SEED.value)
-  x = outlier_data(key, (_ROWS.value, _COLS.value), _OUTLIERS.value)
-  print(f"x: {_ROWS.value}x{_COLS.value} float32, N(0,1) + Bernoulli({_OUTLIERS.value})"
-        f" * N(0,1e4); max |x| = {float(jnp.max(jnp.abs(x))):.1f}")
+  key = jax.random.key(flags.FLAGS.seed)
+  x = outlier_data(key, (flags.FLAGS.rows, flags.FLAGS.cols), flags.FLAGS.outlier_rate)
+  print(f"x: {flags.FLAGS.rows}x{flags.FLAGS.cols} float32, N(0,1) + "
+        f"Bernoulli({flags.FLAGS.outlier_rate}) * N(0,1e4); max |x| = {float(jnp.max(jnp.abs(x))):.1f}")
   print(f"{'format':7s} {'scheme':20s} {'SNR dB':>8s} {'rel RMSE':>10s} "
         f"{'max |err|':>11s}")
   for name, scheme, r in table(x, jax.random.fold_in(key, 1)):
@@ -69,4 +73,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

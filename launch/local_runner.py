@@ -1,13 +1,23 @@
-"""Runs a sweep's manifest on this machine with N parallel processes.
+"""Runs a sweep's manifest on this machine with N parallel processes (Linux).
 
 Each run is pinned to its own CPU cores (``sched_setaffinity``) so parallel JAX processes
 do not oversubscribe the machine; XLA sizes its thread pool from the affinity mask.
+
+Stopping. Each run has its own process group, so a Ctrl-C at the terminal reaches only
+the runner, which stops the runs once and cleanly: one SIGTERM to each run's group,
+then it waits while they checkpoint (they exit 75, preempted) and raises
+:class:`SweepInterrupted` with their outcomes; a second Ctrl-C kills them. A run gets
+SIGTERM too when the thread that started it dies, even by SIGKILL
+(``PR_SET_PDEATHSIG``), so no run outlives its runner for longer than a checkpoint.
+A run whose directory is still locked by a live process (an earlier runner's run,
+still checkpointing) is started once that process exits, not reported failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,15 +25,35 @@ from typing import Sequence
 
 from absl import logging
 
+from experiments.common import workdir as workdir_lib
 from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
 from launch.manifest import RunSpec
 
-# Pins, then execs the run: no preexec_fn, which would fork this (multithreaded, JAX
-# importing) process in an unsafe way.
-_PIN_AND_EXEC = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in "
-                 "sys.argv[1].split(',')]); os.execvp(sys.argv[2], sys.argv[2:])")
+# Asks for SIGTERM when the runner dies (the setting survives exec), exits if it already
+# has (the child was re-parented before it asked), pins, then execs the run: no
+# preexec_fn, which would fork this (multithreaded, JAX importing) process unsafely.
+_PR_SET_PDEATHSIG = 1
+_PIN_AND_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "  sys.exit('the sweep runner exited before this run started')\n"
+    "os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(',')])\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])")
+
+
+class SweepInterrupted(KeyboardInterrupt):
+  """Ctrl-C stopped :func:`run_local`: ``outcomes`` of the runs it finished or stopped
+  (a stopped run that checkpointed is ``preempted``) and the names of the runs it never
+  started."""
+
+  def __init__(self, outcomes: list["RunOutcome"], not_started: list[str]):
+    super().__init__(f"interrupted: {len(outcomes)} runs ended, {len(not_started)} "
+                     "not started")
+    self.outcomes = outcomes
+    self.not_started = not_started
 
 
 def available_memory_gb() -> float | None:
@@ -67,7 +97,8 @@ class RunOutcome:
 
 
 def completed_runs(results_file: str) -> set[str]:
-  """Run names with a results row (damaged lines skipped: their runs rerun)."""
+  """Run names with a results row (damaged lines skipped: their runs rerun, and a run
+  that had completed restores its row without training)."""
   problems: list[str] = []
   rows = read_results(results_file, problems)
   for p in problems:
@@ -85,6 +116,28 @@ def _argv(command: Sequence[str]) -> list[str]:
   return [sys.executable, *command[1:]] if command and command[0] == "python" else list(command)
 
 
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+  """``signum`` to the run's process group (its own: the run and anything it started)."""
+  try:
+    os.killpg(proc.pid, signum)
+  except ProcessLookupError:
+    pass
+
+
+def _next_startable(queue: list[RunSpec], waiting: set[str]) -> RunSpec | None:
+  """The first queued run whose directory no live process holds; logs, once per run,
+  each one it passes over because a process holds it."""
+  for spec in queue:
+    holder = workdir_lib.lock_holder(_in_repo(spec.workdir))
+    if holder is None:
+      return spec
+    if spec.run_name not in waiting:
+      waiting.add(spec.run_name)
+      logging.warning("%s: still running (%s), started before this launch; waiting for "
+                      "it to exit before starting it here", spec.run_name, holder)
+  return None
+
+
 def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int = 1,
               mem_per_run_gb: float = 2.0, env: dict[str, str] | None = None,
               timeout_s: float | None = None, poll_s: float = 0.2) -> list[RunOutcome]:
@@ -92,8 +145,13 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
 
   Runs whose ``run_name`` already has a row in their results file are skipped, and every
   command carries ``--resume``, so re-running a sweep finishes only what is missing.
-  Commands run from the repository root (manifest paths are relative to it).
-  A run past ``timeout_s`` is killed (returncode -9).
+  Commands run from the repository root (manifest paths are relative to it), with this
+  interpreter in place of ``python``. A run past ``timeout_s`` is killed (returncode
+  -9). Call from the thread that lives as long as the runs (the main thread): a run is
+  sent SIGTERM when the thread that started it exits.
+
+  Raises:
+    SweepInterrupted: Ctrl-C (see the module docstring), once the runs have stopped.
   """
   parallel = parallel or default_parallelism(cpus_per_run, mem_per_run_gb)
   cpus = sorted(os.sched_getaffinity(0))
@@ -103,55 +161,75 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
                     parallel, cpus_per_run, len(cpus))
     slots = [cpus] * parallel
   done = set()
-  for r in runs:
-    done |= completed_runs(_in_repo(r.results_file)) if r.results_file else set()
+  for results_file in dict.fromkeys(r.results_file for r in runs if r.results_file):
+    done |= completed_runs(_in_repo(results_file))
   queue = [r for r in runs if r.run_name not in done]
   outcomes = [RunOutcome(r.run_name, None, 0.0, "") for r in runs if r.run_name in done]
   running: dict[int, tuple[subprocess.Popen, RunSpec, float, str, object]] = {}
   free = list(range(parallel))
+  waiting: set[str] = set()
   base_env = {**os.environ, **(env or {})}
   logging.info("running %d runs (%d already complete), %d at a time", len(queue),
                len(outcomes), parallel)
+
+  def reap(slot: int, rc: int) -> None:
+    proc, spec, t0, log_path, log = running.pop(slot)
+    log.close()
+    wall = time.monotonic() - t0
+    outcomes.append(RunOutcome(spec.run_name, rc, wall, log_path))
+    (logging.info if rc == 0 else logging.error)(
+        "%s %s (rc=%d) in %.1f s", spec.run_name, outcomes[-1].status, rc, wall)
+    free.append(slot)
+
   try:
     while queue or running:
-      while queue and free:
+      while free and (spec := _next_startable(queue, waiting)) is not None:
+        queue.remove(spec)
         slot = free.pop(0)
-        spec = queue.pop(0)
         workdir = _in_repo(spec.workdir)
         os.makedirs(workdir, exist_ok=True)
         log_path = os.path.join(workdir, "launch.log")
         log = open(log_path, "ab")
         cores = slots[slot]
-        argv = [sys.executable, "-c", _PIN_AND_EXEC, ",".join(map(str, cores)),
-                *spec.command]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env)
+        argv = [sys.executable, "-c", _PIN_AND_EXEC, str(os.getpid()),
+                ",".join(map(str, cores)), *_argv(spec.command)]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env,
+                                start_new_session=True)
         running[slot] = (proc, spec, time.monotonic(), log_path, log)
         logging.info("started %s on cpus %s (log %s)", spec.run_name, cores, log_path)
       time.sleep(poll_s)
-      for slot, (proc, spec, t0, log_path, log) in list(running.items()):
+      for slot, (proc, spec, t0, _, _) in list(running.items()):
         rc = proc.poll()
         if rc is None and timeout_s is not None and time.monotonic() - t0 > timeout_s:
-          proc.kill()
+          _signal_group(proc, signal.SIGKILL)
           rc = proc.wait()
           logging.error("%s timed out after %.0f s", spec.run_name, timeout_s)
-        if rc is None:
-          continue
-        log.close()
-        wall = time.monotonic() - t0
-        outcomes.append(RunOutcome(spec.run_name, rc, wall, log_path))
-        (logging.info if rc == 0 else logging.error)(
-            "%s %s (rc=%d) in %.1f s", spec.run_name, outcomes[-1].status, rc, wall)
-        del running[slot]
-        free.append(slot)
+        if rc is not None:
+          reap(slot, rc)
+  except KeyboardInterrupt:
+    logging.warning("interrupted: stopping %d running run(s); each checkpoints and exits "
+                    "(Ctrl-C again kills them without a checkpoint)", len(running))
+    for proc, *_ in running.values():
+      _signal_group(proc, signal.SIGTERM)
+    try:
+      for slot, (proc, *_) in list(running.items()):
+        reap(slot, proc.wait())
+    except KeyboardInterrupt:
+      logging.warning("interrupted again: killing %d run(s)", len(running))
+      for proc, *_ in running.values():
+        _signal_group(proc, signal.SIGKILL)
+      for slot, (proc, *_) in list(running.items()):
+        reap(slot, proc.wait())
+    raise SweepInterrupted(outcomes, [r.run_name for r in queue]) from None
   finally:
-    # Interrupted (Ctrl-C, an error): SIGTERM makes each run checkpoint and exit, so a
-    # re-run of the sweep resumes them.
+    # Any other error: SIGTERM makes each run checkpoint and exit, so a re-run of the
+    # sweep resumes them.
     for proc, spec, _, _, log in running.values():
       if proc.poll() is None:
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
         try:
           proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-          proc.kill()
+          _signal_group(proc, signal.SIGKILL)
       log.close()
   return outcomes

@@ -85,8 +85,15 @@ def expand(sweep: Sweep, sweep_dir: str, extra_overrides: Mapping[str, Any] | No
   return runs
 
 
-def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str:
-  """Writes ``manifest.jsonl`` (one run per line) and ``sweep.json``; returns the manifest."""
+def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str, *,
+                   overrides: Mapping[str, Any] | None = None) -> str:
+  """Writes ``manifest.jsonl`` (one run per line) and ``sweep.json``; returns the manifest.
+
+  ``overrides``: the values every run took over its arm's (``launch.sweep
+  --override``, as passed to :func:`expand`). ``sweep.json`` records them, and its
+  ``base`` is the declared base with them applied: the config the runs started from.
+  """
+  overrides = dict(overrides or {})
   os.makedirs(sweep_dir, exist_ok=True)
   path = os.path.join(sweep_dir, "manifest.jsonl")
   with open(path, "w") as f:
@@ -101,7 +108,8 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str
           "appendix": sweep.appendix, "calibration_seeds": list(sweep.calibration_seeds),
           "report_dir": sweep.report_dir, "sweep_dir": repo_relative(sweep_dir),
           "claims": [dataclasses.asdict(c) for c in sweep.claims],
-          "base": dataclasses.asdict(sweep.base), "git": git_state(), "num_runs": len(runs)}
+          "base": dataclasses.asdict(replace_checked(sweep.base, overrides)),
+          "overrides": overrides, "git": git_state(), "num_runs": len(runs)}
   if sweep.sequential is not None:  # only then: fixed sweeps' sweep.json stay as they were
     info["sequential"] = dataclasses.asdict(sweep.sequential)
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
@@ -111,9 +119,14 @@ def write_manifest(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> str
 
 def swept_hparams(sweep: Sweep, runs: Sequence[RunSpec]) -> dict[str, list[Any]]:
   """Config fields whose value differs between runs -> the values they take."""
+  return swept_values([r.config for r in runs])
+
+
+def swept_values(configs: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+  """Fields whose value differs between ``configs`` -> the values they take, in order."""
   values: dict[str, list[Any]] = {}
-  for r in runs:
-    for k, v in r.config.items():
+  for config in configs:
+    for k, v in config.items():
       values.setdefault(k, [])
       if v not in values[k]:
         values[k].append(v)

@@ -16,16 +16,19 @@ import collections
 import importlib
 import math
 import os
+import shlex
 import sys
 from typing import Any
 
 from absl import app, flags
 
+from experiments.common.config_flags import flag_value
 from experiments.common.curve_plots import plot_curves
+from experiments.common import log_filters
 from experiments.common.stats import paired_difference, paired_equivalence, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.tensorboard_reader import has_event_files, read_scalars
 from launch import sequential_runner
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
@@ -63,7 +66,41 @@ def provenance(info: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[st
   for (c, dirty), names in sorted(others.items()):
     lines.append(f"- **{len(names)} run(s) ran from commit `{c}`"
                  + (" (dirty)" if dirty else "") + "**: " + ", ".join(f"`{n}`" for n in names))
+  spanning = [f"`{name}` ({span})" for name, row in sorted(rows.items())
+              if (span := _commit_span(row.get("git_segments") or []))]
+  if spanning:
+    lines.append(f"- **{len(spanning)} run(s) span commits** (resumed from other code than "
+                 "their earlier steps ran): " + "; ".join(spanning))
   return lines
+
+
+def _commit_span(segments: list[dict[str, Any]]) -> str:
+  """``steps 0-: `abc`, steps 40-: `def` (dirty)`` where a run's segments ran from more
+  than one (commit, dirty) state; empty where they all ran from one."""
+  merged: list[dict[str, Any]] = []
+  for s in segments:
+    if not merged or (merged[-1].get("commit"), bool(merged[-1].get("dirty"))) != (
+        s.get("commit"), bool(s.get("dirty"))):
+      merged.append(s)
+  if len(merged) < 2:
+    return ""
+  return ", ".join(f"steps {s.get('step', '?')}-: `{str(s.get('commit'))[:12]}`"
+                   + (" (dirty)" if s.get("dirty") else "") for s in merged)
+
+
+def _curve_count_note(arm: str, tag: str, plotted: list[str], in_table: list[str]) -> str:
+  """How the runs averaged in ``arm``'s ``tag`` curve differ from its runs in the table
+  (empty when they are the same runs)."""
+  lacking = sorted(set(in_table) - set(plotted))
+  unlisted = sorted(set(plotted) - set(in_table))
+  if not lacking and not unlisted:
+    return ""
+  parts = ([f"no `{tag}` events in " + ", ".join(f"`{n}`" for n in lacking)]
+           if lacking else [])
+  parts += (["no results row for " + ", ".join(f"`{n}`" for n in unlisted)]
+            if unlisted else [])
+  return (f"`{arm}` is the mean of {len(plotted)} run(s), not the table's "
+          f"{len(in_table)} (" + "; ".join(parts) + ")")
 
 
 def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],
@@ -184,7 +221,14 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
       f"(baseline `{baseline}`); evaluation seeds: {info['seeds']}"
       + (f"; calibration seeds (never evaluated): {cal_seeds}" if cal_seeds else ""),
       f"- runs completed: {len(rows)} of {len(manifest)}", *provenance(info, rows),
-      f"- sweep directory: `{recorded_dir}`", ""]
+      f"- sweep directory: `{recorded_dir}`"]
+  overrides = info.get("overrides") or {}
+  override_flags = "".join(
+      " " + shlex.quote(f"--override={k}={flag_value(v)}") for k, v in sorted(overrides.items()))
+  if overrides:
+    lines.append("- overrides applied to every run over the declared sweep (`--override`): "
+                 + ", ".join(f"`{k}={flag_value(v)}`" for k, v in sorted(overrides.items())))
+  lines.append("")
   missing = [m["run_name"] for m in manifest if m["run_name"] not in rows]
   if missing:
     lines += ["**Missing runs** (no results row; see their `launch.log`): "
@@ -263,14 +307,31 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   lines += ["## Curves", ""]
   curves_by_tag: dict[str, dict[str, list]] = {t: collections.defaultdict(list)
                                               for t in info.get("curves", [])}
+  # tag -> arm -> the runs whose events hold that tag
+  curve_runs: dict[str, dict[str, list[str]]] = {t: collections.defaultdict(list)
+                                                for t in curves_by_tag}
+  without_events, damaged = [], []
   for m in manifest:
     directory = run_dir(sweep_dir, m["run_name"])
-    if m["run_name"] in calibration or not os.path.isdir(directory):
+    if m["run_name"] in calibration:
       continue
-    scalars = read_scalars(directory)
+    if not has_event_files(directory):
+      if m["run_name"] in rows:  # a run without a row is named under Missing runs
+        without_events.append(m["run_name"])
+      continue
+    scalars = read_scalars(directory, damaged)
     for tag in curves_by_tag:
       if tag in scalars:
         curves_by_tag[tag][m["arm"]].append(scalars[tag])
+        curve_runs[tag][m["arm"]].append(m["run_name"])
+  if without_events:
+    lines += ["**Completed runs without events** (no event file in their run directory, "
+              "so no curves): " + ", ".join(f"`{n}`" for n in without_events), ""]
+  if damaged:
+    lines += ["**Damaged event files** (the bytes named hold no readable record and are "
+              "skipped; every record after them is read): " + "; ".join(
+                  f"`{d._replace(path=os.path.relpath(d.path, sweep_dir))}`"
+                  for d in damaged), ""]
   for tag, curves in curves_by_tag.items():
     if not curves:
       lines += [f"(no `{tag}` events found)", ""]
@@ -279,6 +340,11 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     rel = os.path.join("plots", f"{_slug(tag)}.png")
     plot_curves(tag, ordered, os.path.join(sweep_dir, rel), baseline=baseline)
     lines += [f"![{tag}]({rel})", ""]
+    short = [_curve_count_note(a, tag, curve_runs[tag][a], completed[a])
+             for a in ordered]
+    if any(short):
+      lines += [f"`{tag}` curves not over the table's runs: "
+                + "; ".join(n for n in short if n) + ".", ""]
 
   lines += ["## Runs", "", "| run | arm | seed | " + " | ".join(f"`{m}`" for m in metrics)
             + " | steps/s | wall s |", "|---|---|---|" + "---|" * (len(metrics) + 2)]
@@ -294,11 +360,13 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
                  + f" | {_fmt(row.get('steps_per_s'), 2)} | {_fmt(row.get('wall_s'), 1)} |")
   lines += ["", "## Reproduce", "",
-            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}` "
+            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
+            f"{override_flags}` "
             f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
             f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
-            f"from the committed data; `tensorboard --logdir {recorded_dir} "
-            "--host 127.0.0.1` shows every run's scalars and HParams.", ""]
+            f"from the committed data; `tensorboard --logdir {recorded_dir}/runs "
+            "--host 127.0.0.1` shows every run's scalars and the HParams table (the "
+            "runs' directory: each run then has its own name).", ""]
   if info.get("appendix"):
     module, function = info["appendix"].split(":")
     lines += [getattr(importlib.import_module(module), function)(sweep_dir)]
@@ -321,6 +389,7 @@ def define_flags() -> None:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  log_filters.quiet_library_info()  # TensorBoard's reader: a line per run directory
   print(build_report(flags.FLAGS.sweep_dir, flags.FLAGS.confidence))
   return 0
 

@@ -8,8 +8,9 @@
     python -m launch.sweep --sweep=lm_recipes --override=num_steps=50   # every run
 
 Outputs under ``--sweep_dir`` (default ``runs/sweeps/<sweep>``): ``manifest.jsonl`` (one
-run per line, with its flags and command), ``sweep.json`` (the declaration, the git
-commit it ran from and, after a local run, its measured duration), ``runs/<run_name>/``
+run per line, with its flags and command), ``sweep.json`` (the declaration, the
+``--override`` values applied over it, the git commit it ran from and, after a local
+run, its measured duration), ``runs/<run_name>/``
 (each run's TensorBoard events, config.json, checkpoints, launch.log),
 ``results.jsonl`` and, after the runs, ``REPORT.md`` with ``plots/``. On SLURM also
 ``slurm_array.sbatch``, ``commands.txt`` and ``slurm/`` (each task's output, and
@@ -18,6 +19,12 @@ commit it ran from and, after a local run, its measured duration), ``runs/<run_n
 A sweep records the commit its runs execute, so it refuses to start from a tree with
 uncommitted changes to tracked files (``--allow_dirty`` overrides; the report then says
 so). Regenerating a paper's committed evidence is ``--sweep_dir=<its report_dir>``.
+
+One sweep at a time per directory: a sweep holds ``<sweep_dir>/.lock`` while it runs,
+and a second one is refused, naming the holder. Ctrl-C stops a local sweep's runs once
+and cleanly (each checkpoints; they are reported preempted, no report is built, and
+the exit status is 130); a second Ctrl-C kills them. Rerunning the same command resumes
+them.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
+from experiments.common import workdir as workdir_lib
 from experiments.common.config_flags import parse_override
 from experiments.common.repo_paths import REPO_DIR, repo_relative
 from experiments.common.run_metadata import git_state
@@ -39,12 +47,13 @@ from experiments.common.sweep_spec import Sweep
 from experiments.common.tensorboard_writer import write_hparams_experiment
 from launch import registry
 from launch import sequential_runner
-from launch.local_runner import default_parallelism, run_local
+from launch.local_runner import RunOutcome, SweepInterrupted, default_parallelism, run_local
 from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
 from launch.slurm import SlurmOptions, write_array_script
 from launch.slurm_runner import run_slurm, scheduler_available
 
 FLAGS = flags.FLAGS
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def define_flags() -> None:
@@ -93,6 +102,11 @@ def define_flags() -> None:
                        "a result (preempted, timed out) is submitted again.")
 
 
+def parse_overrides(sweep: Sweep, overrides: Sequence[str]) -> dict[str, Any]:
+  """``--override`` values (``name=value``) as config values of the sweep's base."""
+  return dict(parse_override(o, sweep.base) for o in overrides)
+
+
 def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
             seeds: Sequence[int] = (), *, allow_calibration_seeds: bool = False
             ) -> tuple[Sweep, list[RunSpec]]:
@@ -101,7 +115,7 @@ def prepare(sweep: Sweep, sweep_dir: str, overrides: Sequence[str],
   ``seeds``, if given, must be a subset of the declared evaluation seeds (a quicker
   partial sweep), or of the calibration seeds with ``allow_calibration_seeds``.
   """
-  extra = dict(parse_override(o, sweep.base) for o in overrides)
+  extra = parse_overrides(sweep, overrides)
   calibration: list[int] = []
   if seeds:
     calibration = [s for s in sweep.calibration_seeds if s in seeds]
@@ -210,10 +224,44 @@ def main(argv):
     for r in runs:
       print(r.shell_command())
     return 0
+  return _start(sweep, sweep_dir,
+                lambda overrides: _run_sweep(sweep, runs, sweep_dir, overrides))
+
+
+def _start(sweep: Sweep, sweep_dir: str, run: Callable[[dict[str, Any]], int]) -> int:
+  """``run(overrides)`` from a clean tree (2 if dirty, unless --allow_dirty) while this
+  process holds ``<sweep_dir>/.lock`` (2 if another process holds it)."""
   refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
   if refusal:
     print(refusal, file=sys.stderr)
     return 2
+  overrides = parse_overrides(sweep, FLAGS.override)
+  try:
+    lock = workdir_lib.lock_directory(sweep_dir)  # held until this process exits
+  except workdir_lib.DirectoryLocked as e:
+    print(f"refusing to run sweep {sweep.name}: {repo_relative(sweep_dir)} is in use by "
+          f"another launch.sweep ({e.holder}); two sweeps on one directory would each "
+          "take the other's runs for failures. Wait for it, stop it, or choose another "
+          "--sweep_dir.", file=sys.stderr)
+    return 2
+  try:
+    return run(overrides)
+  finally:
+    lock.close()
+
+
+def _interrupted(stop: SweepInterrupted) -> int:
+  """Reports a Ctrl-C'd sweep: the runs stopped with a checkpoint, the rest not started."""
+  _print_unfinished(stop.outcomes)
+  print(f"interrupted: {len(stop.not_started)} run(s) not started; rerun the same "
+        "command to resume the stopped runs and start the rest (no report built)",
+        file=sys.stderr)
+  return INTERRUPTED_EXIT_CODE
+
+
+def _run_sweep(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str,
+               overrides: dict[str, Any]) -> int:
+  """Writes the manifest, runs the sweep (locally or on SLURM) and reports it."""
   stale = stale_run_dirs(runs, sweep_dir)
   if stale:
     print(f"refusing to run sweep {sweep.name}: {os.path.join(sweep_dir, 'runs')} holds "
@@ -222,7 +270,7 @@ def main(argv):
           "them with these runs. Remove them or choose another --sweep_dir.",
           file=sys.stderr)
     return 2
-  manifest = write_manifest(sweep, runs, sweep_dir)
+  manifest = write_manifest(sweep, runs, sweep_dir, overrides=overrides)
   write_tensorboard_experiment(sweep, runs, sweep_dir)
   print(f"manifest: {repo_relative(manifest)} ({len(runs)} runs)")
   if FLAGS.target == "slurm":
@@ -251,18 +299,26 @@ def main(argv):
     return _finish(sweep_dir, failed)
   parallel = FLAGS.parallel or default_parallelism(FLAGS.cpus_per_run, FLAGS.mem_per_run_gb)
   t0 = time.monotonic()
-  outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
-                       timeout_s=FLAGS.run_timeout_s or None)
+  try:
+    outcomes = run_local(runs, parallel=parallel, cpus_per_run=FLAGS.cpus_per_run,
+                         timeout_s=FLAGS.run_timeout_s or None)
+  except SweepInterrupted as stop:
+    return _interrupted(stop)
   executed = [o for o in outcomes if o.returncode is not None]
   if executed:
     record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
-  failed = [o for o in outcomes if o.status in ("failed", "preempted")]
-  for o in failed:
+  return _finish(sweep_dir, _print_unfinished(outcomes))
+
+
+def _print_unfinished(outcomes: Sequence[RunOutcome]) -> list[RunOutcome]:
+  """Prints a line per run that failed or stopped early; returns them."""
+  unfinished = [o for o in outcomes if o.status in ("failed", "preempted")]
+  for o in unfinished:
     what = ("PREEMPTED (checkpointed, no results row: rerun the sweep to resume it)"
             if o.status == "preempted" else "FAILED")
     print(f"{what} {o.run_name} (rc={o.returncode}); log: {repo_relative(o.log_path)}",
           file=sys.stderr)
-  return _finish(sweep_dir, failed)
+  return unfinished
 
 
 def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
@@ -285,10 +341,13 @@ def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
     for r in batch:
       print(r.shell_command())
     return 0
-  refusal = dirty_tree_refusal(sweep.name, git_state(), FLAGS.allow_dirty)
-  if refusal:
-    print(refusal, file=sys.stderr)
-    return 2
+  return _start(sweep, sweep_dir,
+                lambda overrides: _run_sequential(sweep, sweep_dir, runs, overrides))
+
+
+def _run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
+                    overrides: dict[str, Any]) -> int:
+  """Runs a sequential sweep's looks (:mod:`launch.sequential_runner`) and reports it."""
   stale = stale_run_dirs(runs, sweep_dir)
   if stale:
     print(f"refusing to run sweep {sweep.name}: {os.path.join(sweep_dir, 'runs')} holds "
@@ -300,7 +359,7 @@ def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
   outcomes = []
 
   def prepare_look(scheduled: list[RunSpec]) -> None:
-    manifest = write_manifest(sweep, scheduled, sweep_dir)
+    manifest = write_manifest(sweep, scheduled, sweep_dir, overrides=overrides)
     write_tensorboard_experiment(sweep, scheduled, sweep_dir)
     print(f"manifest: {repo_relative(manifest)} ({len(scheduled)} runs so far)")
 
@@ -309,14 +368,15 @@ def main_sequential(sweep: Sweep, sweep_dir: str) -> int:
                               timeout_s=FLAGS.run_timeout_s or None))
 
   t0 = time.monotonic()
-  result = sequential_runner.run_sequential(sweep, sweep_dir, runs, run_batch, prepare_look)
+  try:
+    result = sequential_runner.run_sequential(sweep, sweep_dir, runs, run_batch,
+                                              prepare_look)
+  except SweepInterrupted as stop:
+    return _interrupted(stop)
   executed = [o for o in outcomes if o.returncode is not None]
   if executed:
     record_duration(sweep_dir, time.monotonic() - t0, len(executed), parallel)
-  failed = [o for o in outcomes if o.status in ("failed", "preempted")]
-  for o in failed:
-    print(f"{o.status.upper()} {o.run_name} (rc={o.returncode}); log: "
-          f"{repo_relative(o.log_path)}", file=sys.stderr)
+  failed = _print_unfinished(outcomes)
   if result.missing:
     print(f"look {len(result.looks) + 1} is not complete ({len(result.missing)} runs without "
           "a results row); rerun the sweep to resume it", file=sys.stderr)
@@ -329,7 +389,8 @@ def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)
     print(f"report: {repo_relative(path)}")
-  print(f"tensorboard --logdir {repo_relative(sweep_dir)} --host 127.0.0.1 --port 6006")
+  print(f"tensorboard --logdir {repo_relative(os.path.join(sweep_dir, 'runs'))} "
+        "--host 127.0.0.1 --port 6006")
   return 1 if failed else 0
 
 

@@ -28,12 +28,6 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory to thin.")
-_KEEP = flags.DEFINE_list("keep", [], "Scalar tags to keep.")
-_KEEP_PREFIX = flags.DEFINE_list("keep_prefix", [], "Keep every tag with one of these "
-                                 "prefixes.")
-_EVERY = flags.DEFINE_integer("every", 1, "Keep values only at steps that are multiples "
-                              "of this.", lower_bound=1)
 _HPARAMS_PREFIX = "_hparams_/"
 
 
@@ -105,14 +99,24 @@ def thin_sweep(sweep_dir: str, keep: Iterable[str], keep_prefixes: Iterable[str]
   return total_before, total_after
 
 
+def define_flags() -> None:
+  """Defines this script's flags (only when run as a script: importers keep their names)."""
+  flags.DEFINE_string("sweep_dir", None, "The sweep directory to thin.")
+  flags.DEFINE_list("keep", [], "Scalar tags to keep.")
+  flags.DEFINE_list("keep_prefix", [], "Keep every tag with one of these prefixes.")
+  flags.DEFINE_integer("every", 1, "Keep values only at steps that are multiples of this.",
+                       lower_bound=1)
+
+
 def main(argv):
   del argv
-  if not _SWEEP_DIR.value or not os.path.isdir(_SWEEP_DIR.value):
-    raise app.UsageError(f"--sweep_dir must be a directory, got {_SWEEP_DIR.value!r}")
-  before, after = thin_sweep(_SWEEP_DIR.value, _KEEP.value, _KEEP_PREFIX.value,
-                             _EVERY.value)
-  print(f"events under {_SWEEP_DIR.value}: {before} -> {after} bytes")
+  if not flags.FLAGS.sweep_dir or not os.path.isdir(flags.FLAGS.sweep_dir):
+    raise app.UsageError(f"--sweep_dir must be a directory, got {flags.FLAGS.sweep_dir!r}")
+  before, after = thin_sweep(flags.FLAGS.sweep_dir, flags.FLAGS.keep, flags.FLAGS.keep_prefix,
+                             flags.FLAGS.every)
+  print(f"events under {flags.FLAGS.sweep_dir}: {before} -> {after} bytes")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -3,6 +3,6 @@
     models.quantize_model(model, [models.Rule("head", "bf16"), models.Rule(".*", "mxfp8")])
 """
 
-from models.quantization import Rule, quantize_model
+from lowprec.models.quantization import Rule, quantize_model
 
 __all__ = ["Rule", "quantize_model"]

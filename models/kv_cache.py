@@ -24,9 +24,9 @@ from typing import Any
 
 import jax
 
-from models import sampling
-from models.transformer import DecoderLM, TransformerConfig
-from numerics import kv_quant
+from lowprec.models import sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
+from lowprec.numerics import kv_quant
 
 
 def init_cache(config: TransformerConfig, batch: int, length: int,

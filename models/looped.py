@@ -60,11 +60,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from models import kv_cache as kv_cache_lib
-from models import sampling
-from models.transformer import (Block, DotGeneral, Linear, TransformerConfig,
+from lowprec.models import kv_cache as kv_cache_lib
+from lowprec.models import sampling
+from lowprec.models.transformer import (Block, DotGeneral, Linear, TransformerConfig,
                                 fp32_dot_general, poison_overflow, check_cache)
-from numerics import kv_quant
+from lowprec.numerics import kv_quant
 
 HALTING_RULES = ("fixed", "threshold")
 

@@ -53,12 +53,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models import transformer
-from numerics import blockscale
-from numerics import nf4 as nf4_lib
-from numerics import quantizer as quantizer_lib
-from numerics import tree_paths
-from numerics.optim import step_keys
+from lowprec.models import transformer
+from lowprec.numerics import blockscale
+from lowprec.numerics import nf4 as nf4_lib
+from lowprec.numerics import quantizer as quantizer_lib
+from lowprec.numerics import tree_paths
+from lowprec.numerics.optim import step_keys
 
 BASE_FORMATS = ("fp32", "bf16", "nf4")
 DEQUANTIZE_MODES = ("per_gemm", "materialize")

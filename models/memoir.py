@@ -60,7 +60,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models import delta_rule
+from lowprec.models import delta_rule
 
 MODES = ("coupled", "read_only", "no_write")
 HALTINGS = ("ponder", "fixed")

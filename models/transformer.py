@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models import quantization
-from numerics import kv_quant
+from lowprec.models import quantization
+from lowprec.numerics import kv_quant
 
 DimensionNumbers = Tuple[Tuple[Sequence[int], Sequence[int]], Tuple[Sequence[int], Sequence[int]]]
 DotGeneral = Callable[[jax.Array, jax.Array, DimensionNumbers, jax.Array], jax.Array]

@@ -24,27 +24,27 @@ int for 1D blocks, a tuple for tiles); formats and compute dtypes use the format
 (:mod:`numerics.gradients`).
 """
 
-from numerics import accumulation
-from numerics import blockscale
-from numerics import codebooks
-from numerics import delayed_scaling
-from numerics import encoding
-from numerics import gradients
-from numerics import qdot
-from numerics import quantizer
-from numerics import recipes
-from numerics import formats
-from numerics import hadamard
-from numerics import kv_quant
-from numerics import memory
-from numerics import nf4
-from numerics import random_bits
-from numerics import rounding
-from numerics import telemetry
-from numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
-from numerics.quantizer import QuantSpec, fake_quant
-from numerics.hadamard import inverse_random_hadamard, random_hadamard
-from numerics.rounding import cast, cast_with_words, error_feedback
+from lowprec.numerics import accumulation
+from lowprec.numerics import blockscale
+from lowprec.numerics import codebooks
+from lowprec.numerics import delayed_scaling
+from lowprec.numerics import encoding
+from lowprec.numerics import gradients
+from lowprec.numerics import qdot
+from lowprec.numerics import quantizer
+from lowprec.numerics import recipes
+from lowprec.numerics import formats
+from lowprec.numerics import hadamard
+from lowprec.numerics import kv_quant
+from lowprec.numerics import memory
+from lowprec.numerics import nf4
+from lowprec.numerics import random_bits
+from lowprec.numerics import rounding
+from lowprec.numerics import telemetry
+from lowprec.numerics.blockscale import QuantizedArray, dequantize, quantize_mx, quantize_nvfp4
+from lowprec.numerics.quantizer import QuantSpec, fake_quant
+from lowprec.numerics.hadamard import inverse_random_hadamard, random_hadamard
+from lowprec.numerics.rounding import cast, cast_with_words, error_feedback
 
 __all__ = [
     "accumulation", "blockscale", "codebooks", "delayed_scaling", "encoding", "formats",

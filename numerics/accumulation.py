@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import rounding as rounding_lib
+from lowprec.numerics import rounding as rounding_lib
 
 AccumulatorRounding = Literal["toward_zero", "nearest"]
 

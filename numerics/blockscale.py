@@ -75,11 +75,18 @@ subnormals to zero in float arithmetic, which would silently change scales. NVFP
 divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from integer ops:
 GPU Triton kernels divide approximately, TPUs by a reciprocal estimate), and its
 products with a possibly subnormal operand (``block_amax * S_enc/6`` and ``x * enc``)
-rescale that operand in the bits first, so NVFP4 gives the spec's float32 bits on every
-backend (tested against NumPy), including for float32 subnormal inputs. What remains
-backend-dependent: a tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a
-subnormal ``1/S_enc``, and dequantized values below 2^-126 are subnormal; CPU and TPU
-arithmetic flush both to zero.
+rescale that operand in the bits first. A tensor whose amax is below ``2688 * 2^-126``
+(3.2e-35) has a subnormal ``1/S_enc`` (TE) or ``per_tensor_scale`` (torchao), and its
+dequantized values are subnormal: the products with those (``S_dec * (1/S_enc)``, the
+decode's ``* (1/S_enc)``, torchao's ``per_tensor_scale * s`` and ``element * scale``)
+are formed exactly in integers and rounded once (:func:`numerics.rounding.mul_narrow`:
+every such left operand has at most 8 significant bits), and zero tests read the bits.
+So NVFP4 gives the spec's float32 bits on every backend (tested against NumPy), for
+tensors of float32 subnormals too, although CPU and TPU arithmetic flush subnormals.
+
+Inside ``jax.shard_map`` the tensor amax is the shard's unless ``amax_axis_name`` names
+the mesh axes to reduce it over (``lax.pmax``, Transformer Engine's amax reduction
+group); stochastic rounding's words are the shard's own (:mod:`numerics.random_bits`).
 
 Speed: the ``te`` convention runs :func:`nvfp4_te_fast` (any rounding), two passes over
 ``x``: the block amaxes (with the tensor amax taken from them), then the elements.
@@ -105,11 +112,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import gradients as gradients_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients as gradients_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 ScaleRule = Literal["floor", "ceil", "rceil", "even", "alto"]
 SCALE_RULES = ("floor", "ceil", "rceil", "even", "alto")
@@ -415,20 +422,22 @@ def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
   return jnp.where(amax_bits == 0, 0, code)
 
 
-def _check_x(x: jax.Array) -> jax.Array:
-  x = jnp.asarray(x)
-  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-    raise TypeError(f"expected a float32, bfloat16 or float16 array, got {x.dtype}")
+def _check_x(x: jax.Array, fn: str) -> jax.Array:
+  """float32 ``x``, or TypeError/ValueError naming the public function ``fn``."""
+  x = rounding_lib.check_float_input(x, fn)
   if x.ndim == 0:
-    raise ValueError("block quantization needs an array with at least one axis")
+    raise ValueError(f"{fn}: block quantization needs an array with at least one axis, "
+                     f"got a scalar")
   return x.astype(jnp.float32)
 
 
-def _words(key, shape, rounding, rng):
+def _words(key, xp, rounding, rng):
+  """Stochastic rounding's words for the padded array ``xp`` (its shard's own words
+  inside ``shard_map``: :mod:`numerics.random_bits`)."""
   if rounding == "stochastic":
     if key is None:
       raise ValueError("rounding='stochastic' needs a PRNG key")
-    return random_bits_lib.random_words(key, shape, method=rng)
+    return random_bits_lib.random_words(key, xp.shape, method=rng, shard_of=xp)
   if rounding not in rounding_lib.ROUNDINGS:
     raise ValueError(f"unknown rounding {rounding!r}; known: "
                      f"{', '.join(rounding_lib.ROUNDINGS)}")
@@ -476,7 +485,7 @@ def block_statistic(x: jax.Array, stat, *, block_shape: int | Sequence[int] | No
   that is False on padding, and the in-block axes; it must reduce over ``axes`` with
   ``keepdims=True``.
   """
-  x = _check_x(x)
+  x = _check_x(x, "block_statistic")
   axes, blocks = _layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   valid = _pad(jnp.ones(x.shape, bool), axes, blocks, pad)
@@ -497,7 +506,7 @@ def block_amax_bits(x: jax.Array, *, block_shape: int | Sequence[int] | None = N
   :func:`quantize_mx`; padding (``pad=True``) is zeros, which never raise the amax.
   ``lax.bitcast_convert_type(bits, jnp.float32)`` is the amax as a float.
   """
-  x = _check_x(x)
+  x = _check_x(x, "block_amax_bits")
   axes, blocks = _layout(x.ndim, block_shape, axis)
   a = lax.bitcast_convert_type(_pad(x, axes, blocks, pad), jnp.uint32) & _U(0x7FFFFFFF)
   if finite_only:
@@ -521,7 +530,7 @@ def mx_grid_exponents(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   asks for before E8M0's range clamps it (:func:`mx_scale_code_unclamped`).
   """
   f = formats_lib.get(fmt)
-  x = _check_x(x)
+  x = _check_x(x, "mx_grid_exponents")
   axes, blocks = _layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
@@ -565,7 +574,8 @@ def _check_rounding_args(rounding, key, rand_bits, rng) -> None:
                      f"rounding={rounding!r} would ignore them")
 
 
-def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng):
+def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
+             fn):
   """Validated (format name, float32 x, axes, blocks) for the MX entry points."""
   f = formats_lib.get(fmt)
   if f.name not in MX_ELEMENT_FORMATS:
@@ -574,7 +584,7 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
   if scale_rule not in SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: {', '.join(SCALE_RULES)}")
   _check_rounding_args(rounding, key, rand_bits, rng)
-  x = _check_x(x)
+  x = _check_x(x, fn)
   axes, blocks = _layout(x.ndim, block_shape, axis)
   return f.name, x, axes, blocks
 
@@ -583,7 +593,7 @@ _MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "p
 
 
 def _mx_words(xp, key, rounding, rng):
-  return _words(key, xp.shape, rounding, rng)
+  return _words(key, xp, rounding, rng)
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
@@ -614,7 +624,7 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   Gradient: straight-through (the cotangent, in x's dtype).
   """
   fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
-                                    key, rand_bits, rng)
+                                    key, rand_bits, rng, "quantize_dequantize_mx")
   out = _qdq_mx(jnp.asarray(x), key, fmt=fmt, axes=axes, blocks=blocks,
                 scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
                 rng=rng)
@@ -686,7 +696,7 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
     :func:`numerics.fake_quant` for a straight-through gradient.
   """
   fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
-                                    key, rand_bits, rng)
+                                    key, rand_bits, rng, "quantize_mx")
   codes, scale_codes = _quantize_mx(jnp.asarray(x), key, fmt=fmt, axes=axes,
                                     blocks=blocks, scale_rule=scale_rule,
                                     rounding=rounding, rand_bits=rand_bits, pad=pad,
@@ -706,17 +716,53 @@ def nvfp4_layout(ndim: int, block_shape, axis) -> tuple[tuple[int, ...], tuple[i
   return axes, blocks
 
 
+AmaxAxisName = str | tuple[str, ...] | None
+
+
+def check_amax_axis_name(amax_axis_name, fn: str) -> AmaxAxisName:
+  """``amax_axis_name`` in canonical form (None, a str, or a tuple of str), or a
+  ValueError naming the public function ``fn``."""
+  if amax_axis_name is None or isinstance(amax_axis_name, str):
+    return amax_axis_name
+  if isinstance(amax_axis_name, (tuple, list)) and amax_axis_name and all(
+      isinstance(a, str) for a in amax_axis_name):
+    return tuple(amax_axis_name)
+  raise ValueError(f"{fn}: amax_axis_name must be a mesh axis name, a tuple of them or "
+                   f"None, got {amax_axis_name!r}")
+
+
+def reduce_amax_bits(bits: jax.Array, amax_axis_name: AmaxAxisName) -> jax.Array:
+  """int32 amax bits, maximized over the mesh axes ``amax_axis_name`` (None: as is).
+
+  Non-negative float32 bits order like their values, so ``lax.pmax`` of the bits is the
+  global amax exactly. This is Transformer Engine's amax reduction over a group: every
+  shard then takes the same tensor scale, the one of the whole tensor.
+  """
+  if amax_axis_name is None:
+    return bits
+  try:
+    return lax.pmax(bits, amax_axis_name)
+  except NameError as e:
+    raise ValueError(
+        f"amax_axis_name={amax_axis_name!r} names no mesh axis bound here: the tensor "
+        f"amax is reduced over it with lax.pmax, so call the quantizer inside "
+        f"jax.shard_map over that axis ({e})") from None
+
+
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention"))
-def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention):
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention",
+    "amax_axis_name"))
+def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention,
+                    amax_axis_name):
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    words = _words(key, xp.shape, rounding, rng)
+    words = _words(key, xp, rounding, rng)
     if convention == "te":
       return nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
-                           rand_bits=rand_bits, dequantize=False)
-    pts = nvfp4_torchao_tensor_scale(xp)
+                           rand_bits=rand_bits, dequantize=False,
+                           amax_axis_name=amax_axis_name)
+    pts = nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
     codes, scale_codes, _ = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
                                                        words, rand_bits)
     return codes, scale_codes, pts
@@ -726,21 +772,23 @@ def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conv
   )(x, key)
 
 
-def _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng, convention):
+def _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng, convention, fn,
+                amax_axis_name=None):
   if convention not in NVFP4_CONVENTIONS:
     raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
                      f"{convention!r}")
   _check_rounding_args(rounding, key, rand_bits, rng)
-  x32 = _check_x(x)
-  return x32, nvfp4_layout(x32.ndim, block_shape, axis)
+  x32 = _check_x(x, fn)
+  return x32, nvfp4_layout(x32.ndim, block_shape, axis), check_amax_axis_name(
+      amax_axis_name, fn)
 
 
 def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
                    axis: int | Sequence[int] | None = None,
                    rounding: str = "nearest", key: jax.Array | None = None,
                    rand_bits: int | None = None, pad: bool = False,
-                   rng: random_bits_lib.Method = "hash", convention: str = "te"
-                   ) -> QuantizedArray:
+                   rng: random_bits_lib.Method = "hash", convention: str = "te",
+                   amax_axis_name: AmaxAxisName = None) -> QuantizedArray:
   """NVFP4: E2M1 elements in 16-element blocks, E4M3 block scales, fp32 tensor scale.
 
   Args:
@@ -752,34 +800,49 @@ def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = No
     convention: ``"te"`` (Transformer Engine's scale chain) or ``"torchao"``
       (torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale); see the module
       docstring for both formulas and where they differ.
+    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) to take the
+      tensor amax over (``lax.pmax``), as Transformer Engine reduces it over a
+      tensor-parallel group: every shard gets the whole tensor's tensor scale, so the
+      shards quantize as the unsharded tensor does wherever no block straddles two
+      shards. None (default): the amax of the array this call sees (per shard inside
+      ``shard_map``).
 
   Returns:
     A :class:`QuantizedArray` with ``tensor_scale = 1/S_enc`` (``te``) or torchao's
     ``per_tensor_scale`` (``torchao``). Not differentiable (integer codes).
   """
-  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
-                                    convention)
+  x32, (axes, blocks), amax_axis_name = _nvfp4_args(
+      x, block_shape, axis, rounding, key, rand_bits, rng, convention, "quantize_nvfp4",
+      amax_axis_name)
   codes, scale_codes, tensor_scale = _quantize_nvfp4(
       jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
-      rand_bits=rand_bits, pad=pad, rng=rng, convention=convention)
+      rand_bits=rand_bits, pad=pad, rng=rng, convention=convention,
+      amax_axis_name=amax_axis_name)
   return QuantizedArray(codes=codes, scales=scale_codes, tensor_scale=tensor_scale,
                         fmt="e2m1", scale_fmt="e4m3", axes=axes, block_shape=blocks,
                         shape=tuple(x32.shape), scale_rule=_NVFP4_SCALE_RULES[convention])
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention"))
-def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention):
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention",
+    "amax_axis_name"))
+def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention,
+               amax_axis_name):
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    words = _words(key, xp.shape, rounding, rng)
     if convention == "te":
+      # The words as a function: computed where they are used (inside lax.cond's
+      # branches), they fuse into the rounding instead of being materialized.
+      words = ((lambda: _words(key, xp, rounding, rng)) if rounding == "stochastic"
+               else None)
       out = nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
-                          rand_bits=rand_bits, dequantize=True)
+                          rand_bits=rand_bits, dequantize=True,
+                          amax_axis_name=amax_axis_name)
     else:
-      out = nvfp4_torchao_quantize_core(xp, nvfp4_torchao_tensor_scale(xp), axes, blocks,
-                                        rounding, words, rand_bits)[2]
+      pts = nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
+      out = nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
+                                        _words(key, xp, rounding, rng), rand_bits)[2]
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -791,28 +854,32 @@ def quantize_dequantize_nvfp4(x: jax.Array, *,
                               rounding: str = "nearest", key: jax.Array | None = None,
                               rand_bits: int | None = None, pad: bool = False,
                               rng: random_bits_lib.Method = "hash",
-                              convention: str = "te") -> jax.Array:
+                              convention: str = "te",
+                              amax_axis_name: AmaxAxisName = None) -> jax.Array:
   """float32 ``dequantize(quantize_nvfp4(x, ...))`` in one jitted pass over ``x``.
 
   Equal bit for bit to the two-step form (tested); arguments as
   :func:`quantize_nvfp4`. Gradient: straight-through.
   """
-  x32, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
-                                    convention)
-  del x32
+  _, (axes, blocks), amax_axis_name = _nvfp4_args(
+      x, block_shape, axis, rounding, key, rand_bits, rng, convention,
+      "quantize_dequantize_nvfp4", amax_axis_name)
   return _qdq_nvfp4(jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
-                    rand_bits=rand_bits, pad=pad, rng=rng, convention=convention)
+                    rand_bits=rand_bits, pad=pad, rng=rng, convention=convention,
+                    amax_axis_name=amax_axis_name)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng"))
-def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, rand_bits, pad, rng):
+    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "amax_axis_name"))
+def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, rand_bits, pad, rng,
+                      amax_axis_name):
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    words = _words(key, xp.shape, rounding, rng)
+    words = _words(key, xp, rounding, rng)
     values, inv_s_enc = nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
-                                      rand_bits=rand_bits, dequantize="blocks")
+                                      rand_bits=rand_bits, dequantize="blocks",
+                                      amax_axis_name=amax_axis_name)
     return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc
 
   return gradients_lib.not_differentiable(
@@ -826,7 +893,8 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
                                      rounding: str = "nearest",
                                      key: jax.Array | None = None,
                                      rand_bits: int | None = None, pad: bool = False,
-                                     rng: random_bits_lib.Method = "hash"
+                                     rng: random_bits_lib.Method = "hash",
+                                     amax_axis_name: AmaxAxisName = None
                                      ) -> tuple[jax.Array, jax.Array]:
   """NVFP4 (``te`` convention) dequantized up to its tensor scale: ``(values, 1/S_enc)``.
 
@@ -841,10 +909,12 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
 
   Not differentiable (raises under ``jax.grad``; ``values`` is not in x's units).
   """
-  _, (axes, blocks) = _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng,
-                                  "te")
+  _, (axes, blocks), amax_axis_name = _nvfp4_args(
+      x, block_shape, axis, rounding, key, rand_bits, rng, "te",
+      "quantize_dequantize_nvfp4_blocks", amax_axis_name)
   return _qdq_nvfp4_blocks(jnp.asarray(x), key, axes=axes, blocks=blocks,
-                           rounding=rounding, rand_bits=rand_bits, pad=pad, rng=rng)
+                           rounding=rounding, rand_bits=rand_bits, pad=pad, rng=rng,
+                           amax_axis_name=amax_axis_name)
 
 
 def _finite_amax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -855,13 +925,17 @@ def _finite_amax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return bits, lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def nvfp4_tensor_scale(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """float32 scalars ``(S_enc, 1/S_enc)`` of float32 ``x`` (amax over finite values).
+def nvfp4_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
+                       ) -> tuple[jax.Array, jax.Array]:
+  """float32 scalars ``(S_enc, 1/S_enc)`` of float32 ``x`` (amax over finite values,
+  and over the mesh axes ``amax_axis_name`` inside ``shard_map``).
 
   The only whole-tensor step of NVFP4 (``te`` convention): the Pallas kernels take both
   as inputs.
   """
-  return _tensor_scale_of_amax(*_finite_amax(x))
+  bits, _ = _finite_amax(x)
+  bits = reduce_amax_bits(bits, amax_axis_name)
+  return _tensor_scale_of_amax(bits, lax.bitcast_convert_type(bits, jnp.float32))
 
 
 def _tensor_scale_of_amax(t_amax_bits, t_amax):
@@ -870,14 +944,20 @@ def _tensor_scale_of_amax(t_amax_bits, t_amax):
   return s_enc, rounding_lib.div_rn(np.float32(1.0), s_enc)
 
 
-def nvfp4_torchao_tensor_scale(x: jax.Array) -> jax.Array:
+def nvfp4_torchao_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
+                               ) -> jax.Array:
   """torchao's ``per_tensor_scale = amax / (448 * 6)`` (float32 scalar; 1 when amax = 0).
 
-  ``amax`` is over finite values (torchao's ``torch.max`` would propagate NaN).
+  ``amax`` is over finite values (torchao's ``torch.max`` would propagate NaN), and over
+  the mesh axes ``amax_axis_name`` inside ``shard_map``.
   """
-  t_amax_bits, t_amax = _finite_amax(x)
+  t_amax_bits, _ = _finite_amax(x)
+  t_amax_bits = reduce_amax_bits(t_amax_bits, amax_axis_name)
+  t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
   pts = rounding_lib.div_rn(t_amax, np.float32(448.0 * 6.0))
-  return jnp.where((t_amax_bits == 0) | (pts == 0), np.float32(1.0), pts)
+  # XLA:CPU compares a subnormal quotient equal to zero (see nonzero_magnitude).
+  pts_zero = ~rounding_lib.nonzero_magnitude(lax.bitcast_convert_type(pts, jnp.uint32))
+  return jnp.where((t_amax_bits == 0) | pts_zero, np.float32(1.0), pts)
 
 
 def _mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -925,7 +1005,11 @@ def _nvfp4_te_scales(block_amax, s_enc):
   s_dec = rounding_lib.round_f32(s_dec, formats_lib.get("e4m3"), rounding="nearest",
                                  saturate=True)
   inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
-  enc = jnp.minimum(rounding_lib.div_rn(np.float32(1.0), s_dec * inv_s_enc), _FLT_MAX)
+  # 1/S_enc is subnormal for a tensor amax below 2688 * 2^-126: the product is formed
+  # in integers, as XLA:CPU and TPUs would read that operand as zero.
+  enc = jnp.minimum(
+      rounding_lib.div_rn(np.float32(1.0), rounding_lib.mul_narrow(s_dec, inv_s_enc)),
+      _FLT_MAX)
   return s_dec, enc
 
 
@@ -936,8 +1020,10 @@ def _nvfp4_torchao_scales(block_amax, per_tensor_scale):
   s = jnp.clip(scaled_scale, _E4M3_EPS, np.float32(448.0))
   s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
                              saturate=True)
-  reciprocal = rounding_lib.div_rn(rounding_lib.div_rn(np.float32(1.0), per_tensor_scale),
-                                   s)
+  inv_pts = rounding_lib.div_rn(np.float32(1.0), per_tensor_scale)
+  # 1 / per_tensor_scale overflows for a tensor amax below 2688 / FLT_MAX; torchao's
+  # Inf / s stays Inf (div_rn takes finite operands).
+  reciprocal = jnp.where(jnp.isinf(inv_pts), inv_pts, rounding_lib.div_rn(inv_pts, s))
   return scaled_scale, s, reciprocal
 
 
@@ -993,17 +1079,25 @@ def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
   # Saturation to +-6 is torchao's clamp before the E2M1 cast.
   codes, elem_f = _nvfp4_elements(xp, rec_full, poison_full, rounding, words, rand_bits)
+  # A reciprocal that overflowed to Inf (a zero block of a tensor with amax below about
+  # 5e-34) makes torchao's 0 * Inf a NaN, which the E2M1 cast stores as code 0; ours
+  # would saturate the NaN to -6.
+  zero_times_inf = jnp.isinf(rec_full) & ~rounding_lib.nonzero_magnitude(
+      lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF))
+  codes = jnp.where(zero_times_inf, jnp.uint8(0), codes)
+  elem_f = jnp.where(zero_times_inf, np.float32(0.0), elem_f)
   scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code), encoding.encode(s, e4m3))
   scale_codes = jnp.squeeze(scale_codes, axis=bpos)
-  hp_scale = _mul_subnormal_lhs(s, per_tensor_scale)
-  values = _mul_subnormal_lhs(elem_f, jnp.broadcast_to(hp_scale, bshape).reshape(xp.shape))
+  values = tensor_scaled(per_tensor_scale, lambda mul: mul(
+      elem_f, jnp.broadcast_to(mul(s, per_tensor_scale), bshape).reshape(xp.shape)))
   values = jnp.where(poison_full, np.float32(np.nan), values)
   return codes, scale_codes, values
 
 
 def nvfp4_grid_multipliers(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
                            axis: int | Sequence[int] | None = None, pad: bool = False,
-                           convention: str = "te") -> tuple[jax.Array, jax.Array]:
+                           convention: str = "te", amax_axis_name: AmaxAxisName = None
+                           ) -> tuple[jax.Array, jax.Array]:
   """(float32 per element: the multiplier that maps x onto E2M1's grid, bool per block:
   the block scale was clamped) of NVFP4 with these arguments.
 
@@ -1015,16 +1109,18 @@ def nvfp4_grid_multipliers(x: jax.Array, *, block_shape: int | Sequence[int] | N
   if convention not in NVFP4_CONVENTIONS:
     raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
                      f"{convention!r}")
-  x = _check_x(x)
+  x = _check_x(x, "nvfp4_grid_multipliers")
   axes, blocks = nvfp4_layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   block_amax, _, bshape, bpos = _block_amax(xp, axes, blocks)
+  amax_axis_name = check_amax_axis_name(amax_axis_name, "nvfp4_grid_multipliers")
   if convention == "te":
-    s_enc, _ = nvfp4_tensor_scale(xp)
+    s_enc, _ = nvfp4_tensor_scale(xp, amax_axis_name=amax_axis_name)
     s_dec, mult = _nvfp4_te_scales(block_amax, s_enc)
     clamped = (s_dec == 0) & (block_amax > 0)
   else:
-    scaled, _, mult = _nvfp4_torchao_scales(block_amax, nvfp4_torchao_tensor_scale(xp))
+    pts = nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
+    scaled, _, mult = _nvfp4_torchao_scales(block_amax, pts)
     clamped = ((scaled < _E4M3_EPS) | (scaled > 448.0)) & (block_amax > 0)
   full = jnp.broadcast_to(mult, bshape).reshape(xp.shape)
   return (full[tuple(slice(0, d) for d in x.shape)],
@@ -1039,7 +1135,7 @@ def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   outside [-127, 127], so the block's scale was clamped (NaN/Inf and zero blocks:
   False). For numerics telemetry; blocks as in :func:`quantize_mx`."""
   f = formats_lib.get(fmt)
-  x = _check_x(x)
+  x = _check_x(x, "mx_scale_clamped")
   axes, blocks = _layout(x.ndim, block_shape, axis)
   xp = _pad(x, axes, blocks, pad)
   a = lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF)
@@ -1119,8 +1215,8 @@ def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
 
 
 def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
-                  rounding: str, words: jax.Array | None, rand_bits: int | None,
-                  dequantize: bool | str):
+                  rounding: str, words, rand_bits: int | None,
+                  dequantize: bool | str, amax_axis_name: AmaxAxisName = None):
   """NVFP4 (``te`` convention, any rounding) in two passes over ``xp``.
 
   The fast jnp path of :func:`quantize_nvfp4` and :func:`quantize_dequantize_nvfp4`:
@@ -1136,7 +1232,10 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   :func:`nvfp4_quantize_core` (tested, and both against the NumPy reference).
   Returns (codes, scale codes, 1/S_enc), or the dequantized float32 tensor with
   ``dequantize``, or with ``dequantize="blocks"`` (the dequantized tensor before its
-  tensor scale, 1/S_enc).
+  tensor scale, 1/S_enc). ``words``: uint32 of ``xp``'s shape (or a function returning
+  them, called where they are used, so that XLA fuses them), or None.
+  ``amax_axis_name``: as :func:`quantize_nvfp4`. With ``dequantize=True`` the second
+  pass runs behind :func:`tensor_scaled`.
   """
   e4m3 = formats_lib.get("e4m3")
   bshape, bpos = _blocked_shape(xp.shape, axes, blocks)
@@ -1149,14 +1248,66 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
         (amax, finite_amax), (np.int32(0), np.int32(0)),
         lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (p,))
     amax, finite_amax = (jnp.expand_dims(v, p) for v in (amax, finite_amax))
-  t_amax_bits = jnp.max(finite_amax, initial=np.int32(0))
+  t_amax_bits = reduce_amax_bits(jnp.max(finite_amax, initial=np.int32(0)),
+                                 amax_axis_name)
   s_enc, inv_s_enc = _tensor_scale_of_amax(
       t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32))
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)
   s_dec, enc = _materialize(*_nvfp4_te_scales(block_amax, s_enc))
-  a = jnp.where(poisoned, np.uint32(0), lax.bitcast_convert_type(ab, jnp.uint32))
+  if dequantize is True:
+    # x, not its bits, enters the branches: an operand of lax.cond is materialized.
+    return tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(
+        xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+        lambda v: mul(v, inv_s_enc))).reshape(xp.shape)
+  elem, elem_bits, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding,
+                                             rand_bits, bshape)
+  if dequantize:
+    value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
+    value = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
+    value = jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
+    return value, inv_s_enc
+  codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
+  codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
+  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
+                          encode_e4m3_nonnegative(s_dec)).astype(jnp.uint8)
+  return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
+
+
+_NORMAL_PRODUCT_MIN = np.int32(np.float32(2.0 ** -116).view(np.int32))
+
+
+def _multiply_is_normal(scale: jax.Array) -> jax.Array:
+  """Whether ``scale >= 2^-116``: then ``v * scale`` for every nonzero NVFP4 value
+  ``v`` before its tensor scale (``|v| >= 2^-10``, or torchao's ``s >= 2^-9`` and
+  ``element >= 2^-1``) has normal operands and a normal result, so a float multiply
+  rounds it as IEEE does on every backend, XLA:CPU's flushing ones included."""
+  # int32 bits (magnitudes order like them): the Pallas kernels run this on a scalar.
+  return (lax.bitcast_convert_type(scale, jnp.int32) & _I(0x7FFFFFFF)) >= \
+      _NORMAL_PRODUCT_MIN
+
+
+def tensor_scaled(scale: jax.Array, fn):
+  """``fn(mul)``: a per-element pass that multiplies NVFP4 values by the tensor scale
+  ``scale`` with ``mul``, the float multiply where :func:`_multiply_is_normal` and
+  :func:`numerics.rounding.mul_narrow` (exact in integers, about as costly as the rest
+  of the pass) where a subnormal scale or result needs it. The pass is traced twice
+  behind a scalar ``lax.cond``, so a normal tensor pays nothing for the exact one."""
+  return lax.cond(_multiply_is_normal(scale), lambda: fn(jnp.multiply),
+                  lambda: fn(rounding_lib.mul_narrow))
+
+
+def _call(words):
+  """Random words given as an array or as a function returning one."""
+  return words() if callable(words) else words
+
+
+def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
+  """(E2M1 magnitudes as float32 and as bits, sign bits) of the blocked bits ``xb``."""
+  words = None if words is None else _call(words)
+  a = jnp.where(poisoned, np.uint32(0), xb & np.uint32(0x7FFFFFFF))
   sign = xb & np.uint32(0x80000000)
   # |x| * enc, also for a float32 subnormal |x| (XLA:CPU would read it as zero): the
   # bits of a subnormal are its value in units of 2^-149, so float(a) * 2^-125 is
@@ -1178,19 +1329,19 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
                                 None if words is None else words.reshape(bshape),
                                 rand_bits)
     elem = lax.bitcast_convert_type(elem_bits, jnp.float32)
-  if dequantize:
-    value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
-    value = lax.bitcast_convert_type(
-        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
-    if dequantize != "blocks":
-      value = value * inv_s_enc
-    value = jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
-    return (value, inv_s_enc) if dequantize == "blocks" else value
-  codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
-  codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
-  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
-                          encode_e4m3_nonnegative(s_dec)).astype(jnp.uint8)
-  return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
+  return elem, elem_bits, sign
+
+
+def _nvfp4_te_second_pass(xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+                          scale_by_tensor):
+  """The dequantized tensor (blocked shape): ``scale_by_tensor(element * S_dec)``."""
+  xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
+  elem, _, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits,
+                                     bshape)
+  value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
+  value = lax.bitcast_convert_type(
+      lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
+  return jnp.where(poisoned, np.float32(np.nan), scale_by_tensor(value))
 
 
 def encode_e4m3_nonnegative(v: jax.Array) -> jax.Array:
@@ -1218,21 +1369,23 @@ def _dequantize_one(q: QuantizedArray) -> jax.Array:
     out = encoding.decode_scaled(q.codes, f, s_int)
     out = jnp.where(s_code == 255, np.float32(np.nan), out)
   elif q.scale_rule == "nvfp4_torchao":
-    scale = _expand_scales(q, encoding.decode(q.scales, "e4m3"))
-    hp_scale = _mul_subnormal_lhs(scale, q.tensor_scale)
-    out = _mul_subnormal_lhs(encoding.decode(q.codes, f), hp_scale)
+    def decode(mul):
+      scale = _expand_scales(q, encoding.decode(q.scales, "e4m3"))
+      return mul(encoding.decode(q.codes, f), mul(scale, q.tensor_scale))
+    out = tensor_scaled(q.tensor_scale, decode)
   else:
     # Element (n_e 2^qe_e) times E4M3 scale (n_s 2^qe_s): integer product, exact.
     _, n_e_t, qe_e_t, _ = encoding.decode_parts_table(f.name)
     sgn_s_t, n_s_t, qe_s_t, nan_s_t = encoding.decode_parts_table(q.scale_fmt)
-    ce = q.codes.astype(jnp.int32)
-    cs = _expand_scales(q, q.scales.astype(jnp.int32))
-    n = jnp.take(jnp.asarray(n_e_t), ce) * jnp.take(jnp.asarray(n_s_t), cs)
-    qe = jnp.take(jnp.asarray(qe_e_t), ce) + jnp.take(jnp.asarray(qe_s_t), cs)
-    bits = rounding_lib.compose_bits(n, qe) | ((q.codes.astype(jnp.uint32) >> 3) << 31)
-    prod = lax.bitcast_convert_type(bits, jnp.float32)
-    out = prod * q.tensor_scale
-    out = jnp.where(jnp.take(jnp.asarray(nan_s_t), cs), np.float32(np.nan), out)
+    def decode(mul):
+      ce = q.codes.astype(jnp.int32)
+      cs = _expand_scales(q, q.scales.astype(jnp.int32))
+      n = jnp.take(jnp.asarray(n_e_t), ce) * jnp.take(jnp.asarray(n_s_t), cs)
+      qe = jnp.take(jnp.asarray(qe_e_t), ce) + jnp.take(jnp.asarray(qe_s_t), cs)
+      bits = rounding_lib.compose_bits(n, qe) | ((q.codes.astype(jnp.uint32) >> 3) << 31)
+      out = mul(lax.bitcast_convert_type(bits, jnp.float32), q.tensor_scale)
+      return jnp.where(jnp.take(jnp.asarray(nan_s_t), cs), np.float32(np.nan), out)
+    out = tensor_scaled(q.tensor_scale, decode)
   return out[tuple(slice(0, d) for d in q.shape)]
 
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
+from lowprec.numerics import blockscale
 
 QUEST_RATIO = 2.922
 

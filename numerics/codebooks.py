@@ -69,6 +69,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowprec.numerics import rounding as rounding_lib
+
 _MIN_NORMAL = np.float32(2.0 ** -126)
 
 # QLoRA's NormalFloat4 levels as published (bitsandbytes' NF4 table, also in its CUDA
@@ -218,7 +220,7 @@ def encode(n: jax.Array, book: str | Codebook, *, rounding: str = "nearest",
     words: uint32 uniform random words of ``n``'s shape, for ``stochastic``.
   """
   b = get(book)
-  n = jnp.asarray(n, jnp.float32)
+  n = rounding_lib.check_float_input(n, "codebooks.encode").astype(jnp.float32)
   if rounding == "nearest":
     if words is not None:
       raise ValueError("words are only used with rounding='stochastic'")
@@ -265,7 +267,8 @@ def normalize(x_NxB: jax.Array, absmax_N: jax.Array) -> jax.Array:
 def quantize_blocks(x_NxB: jax.Array, book: str | Codebook, *, rounding: str = "nearest",
                     words: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Blockwise absmax quantization of float32 rows: (uint8 codes [N, B], absmax [N])."""
-  x = jnp.asarray(x_NxB, jnp.float32)
+  x = rounding_lib.check_float_input(x_NxB, "codebooks.quantize_blocks").astype(
+      jnp.float32)
   if x.ndim != 2:
     raise ValueError(f"expected a [blocks, block_size] array, got shape {x.shape}")
   absmax = block_absmax(x)

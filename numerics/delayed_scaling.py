@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 AmaxAlgo = Literal["max", "most_recent"]
 
@@ -74,14 +74,15 @@ def quantize_dequantize(x: jax.Array, state: DelayedScalingState,
   NaN). No gradient policy: callers (``numerics.qdot``) apply straight-through.
   """
   f = formats_lib.get(fmt)
-  x = jnp.asarray(x).astype(jnp.float32)
+  x = rounding_lib.check_float_input(x, "delayed_scaling.quantize_dequantize").astype(
+      jnp.float32)
   scale = jnp.asarray(state.scale, jnp.float32)
   scaled = jnp.clip(x * scale, -np.float32(f.max), np.float32(f.max))
   words = None
   if rounding == "stochastic":
     if key is None:
       raise ValueError("rounding='stochastic' needs a PRNG key")
-    words = random_bits_lib.random_words(key, x.shape)
+    words = random_bits_lib.random_words(key, x.shape, shard_of=x)
   q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words,
                              rand_bits=rand_bits, saturate=True)
   return q * rounding_lib.div_rn(np.float32(1.0), scale)

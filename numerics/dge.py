@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import blockscale
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import quantizer
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
 
 
 def _magnitude_grid(fmt: formats_lib.Format) -> np.ndarray:

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
 
 _U = np.uint32
 

@@ -50,21 +50,24 @@ def _ste_bwd(fn, dtype_of_x, g):
 _ste.defvjp(_ste_fwd, _ste_bwd)
 
 
-def not_differentiable(fn: Callable[..., Any], name: str, alternative: str
-                       ) -> Callable[..., Any]:
+def not_differentiable(fn: Callable[..., Any], name: str, alternative: str, *,
+                       message: str | None = None) -> Callable[..., Any]:
   """``fn(x, *operands)`` that raises ``TypeError`` when differentiated w.r.t. ``x``.
 
   ``name`` is the public function's name and ``alternative`` what to use instead; both
-  go into the message. Calls that do not differentiate ``x`` run ``fn`` unchanged.
+  go into the message (or ``message``, when given, is the whole message). Calls that
+  do not differentiate ``x`` run ``fn`` unchanged.
   """
+  if message is None:
+    message = (f"{name} has no gradient (it returns integer codes); for a "
+               f"straight-through gradient use {alternative}")
 
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def call(fn, x, operands):
     return fn(x, *operands)
 
   def fwd(fn, x, operands):
-    raise TypeError(f"{name} has no gradient (it returns integer codes); for a "
-                    f"straight-through gradient use {alternative}")
+    raise TypeError(message)
 
   def bwd(fn, res, g):  # never reached: fwd raises
     raise AssertionError

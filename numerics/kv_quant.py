@@ -69,10 +69,10 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import blockscale
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
 
 KV_FORMATS = ("fp32", "bf16", "e4m3", "e5m2", "int8", "nvfp4")
 GRANULARITIES = ("tensor", "head", "token", "block")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numerics import blockscale
+from lowprec.numerics import blockscale
 
 
 def macro_block_scales(x: jax.Array, fmt_max: float, *,

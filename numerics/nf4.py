@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import codebooks
-from numerics import encoding
+from lowprec.numerics import codebooks
+from lowprec.numerics import encoding
 
 LEVELS = codebooks.NF4_LEVELS
 BLOCK = 64

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import qdot
-from numerics import recipes as recipes_lib
-from numerics.outlier_data import outlier_data
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.numerics.outlier_data import outlier_data
 
 
 def snr_db(ref: jax.Array, approx: jax.Array) -> float:

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numerics import qdot
-from numerics import recipes as recipes_lib
-from numerics import telemetry as telemetry_lib
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.numerics import telemetry as telemetry_lib
 
 
 def _check(lhs, rhs, feature_group_count, batch_group_count):

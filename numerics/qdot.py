@@ -29,6 +29,18 @@ if given, else lhs's dtype. A recipe that quantizes nothing is exactly a plain
 ``lax.dot_general`` of operands cast to the compute dtype (``fp32`` at
 ``Precision.HIGHEST`` unless ``precision`` is given).
 
+Inside ``jax.shard_map`` (data- or tensor-parallel): the custom VJP returns each
+operand's cotangent summed over the manual mesh axes it does not vary over itself (a
+replicated weight's dW is the sum of the shards' dW, as JAX's own transpose of the
+implicit broadcast), stochastic rounding draws each shard's own words
+(:mod:`numerics.random_bits`), NVFP4 and tensor-scaled operands take their tensor amax
+over the axes named by ``OperandQuant.amax_axis_name``
+(:func:`numerics.recipes.with_amax_axis_name`), and a replicated delayed-scaling state
+advances with the amax maximized over the shards. A second derivative (``jax.grad`` of
+``jax.grad``) goes through the backward GEMMs' straight-through quantizers; with NVFP4
+operands, which enter the GEMMs apart from their tensor scales, it raises a TypeError
+naming the public function and the recipe.
+
 State and telemetry (:func:`quantized_dot_general_with_state`): a recipe with
 delayed-scaling operands (:mod:`numerics.delayed_scaling`) keeps an amax history per
 such operand, and telemetry (:mod:`numerics.telemetry`) reports each quantized
@@ -53,18 +65,19 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import accumulation as accumulation_lib
-from numerics import blockscale
-from numerics import clipping
-from numerics import delayed_scaling
-from numerics import dge
-from numerics import formats as formats_lib
-from numerics import gradients
-from numerics import hadamard as hadamard_lib
-from numerics import kernels
-from numerics import macro_scaling
-from numerics import recipes as recipes_lib
-from numerics import telemetry as telemetry_lib
+from lowprec.numerics import accumulation as accumulation_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import clipping
+from lowprec.numerics import delayed_scaling
+from lowprec.numerics import dge
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients
+from lowprec.numerics import hadamard as hadamard_lib
+from lowprec.numerics import kernels
+from lowprec.numerics import macro_scaling
+from lowprec.numerics import random_bits
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.numerics import telemetry as telemetry_lib
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
                          tuple[tuple[int, ...], tuple[int, ...]]]
@@ -81,10 +94,18 @@ def _gemm_keys(key, gemm: int):
   return (jax.random.fold_in(k, 0), jax.random.fold_in(k, 1), jax.random.fold_in(k, 2))
 
 
+def _no_gradient_message(owner: str, what: str) -> str:
+  return (f"{owner} has no {what}: its NVFP4 operands enter the GEMMs as block-scaled "
+          f"values apart from their tensor scales (which the GEMM applies to its "
+          f"output, as NVFP4 hardware does), and that split is not differentiable. "
+          f"Differentiate it once (jax.grad), or use a recipe whose operands are "
+          f"straight-through fake quantizers (e.g. 'mxfp8', 'mxfp4')")
+
+
 def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
                       contract_axis: int, free_axis: int, key, *,
                       delayed: delayed_scaling.DelayedScalingState | None = None,
-                      telemetry: bool = False):
+                      telemetry: bool = False, owner: tuple[str, str] | None = None):
   """(float32 GEMM operand, its telemetry or None, its amax or None, its tensor scale
   or None).
 
@@ -94,7 +115,9 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   to its output. ``x`` in float32 when ``op`` is None. Still multiplied by
   ``op.prescale``: the GEMM divides the prescales out of its output, so the operands
   it multiplies stay exact quantized values. ``delayed`` is the operand's state for
-  ``scaling="delayed"``, whose amax is returned for the state update.
+  ``scaling="delayed"``, whose amax is returned for the state update. ``owner``:
+  (public function and recipe, what it has none of) for the error raised when an NVFP4
+  split operand is differentiated (a second derivative of the custom VJP).
   """
   x = x.astype(jnp.float32)
   if op is None:
@@ -118,7 +141,12 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   # The fused Pallas kernel on GPU/TPU where the spec allows (same bits), else jnp;
   # the rule and its NUMERICS_KERNELS override: numerics.kernels.dispatch.
   if op.macro_block is None:
-    q, scale = kernels.quantize_dequantize_split(x, spec, key=key)
+    split = lambda x, key: kernels.quantize_dequantize_split(x, spec, key=key)
+    if owner is not None and kernels.splits_tensor_scale(spec):
+      # Name the public function: the split's own error names an internal one.
+      split = gradients.not_differentiable(split, owner[0], "",
+                                           message=_no_gradient_message(*owner))
+    q, scale = split(x, key)
     tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
            if telemetry else None)
     return q, tel, None, scale
@@ -164,21 +192,21 @@ def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,
   With static clipping the operands are still multiplied by their prescales (divide
   the GEMM's output by ``prescale_lhs * prescale_rhs``).
   """
-  (aq, _, _, sa), (bq, _, _, sb) = _gemm_operands(a, b, gemm, axes_a, axes_b, keys, {},
-                                                  False, "")
+  (aq, _, _, sa), (bq, _, _, sb) = _gemm_operands(
+      a, b, gemm, axes_a, axes_b, keys, {}, False, "", ("gemm_operands", "gradient"))
   return (aq if sa is None else aq * sa), (bq if sb is None else bq * sb)
 
 
-def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name):
+def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, owner):
   """((a_q, a telemetry, a amax, a tensor scale), (b_q, ...)) of the GEMM ``name``."""
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
   if gemm.hadamard is not None:
     a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0])
   return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
-                            delayed=delayed.get(f"{name}/lhs")),
+                            delayed=delayed.get(f"{name}/lhs"), owner=owner),
           _quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,
-                            delayed=delayed.get(f"{name}/rhs")))
+                            delayed=delayed.get(f"{name}/rhs"), owner=owner))
 
 
 # Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation).
@@ -222,11 +250,16 @@ def _record(tel: dict, amaxes: dict, name: str, results) -> None:
       amaxes[f"{name}/{side}"] = amax
 
 
-def _forward(x, w, key, state, recipe):
+def _owner(recipe, api):
+  return (f"{api} with recipe {recipe.name!r}", "second derivative")
+
+
+def _forward(x, w, key, state, recipe, api):
   keys = _gemm_keys(key, FORWARD)
   telemetry = "telemetry" in state
   ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys,
-                       state.get("delayed", {}), telemetry, "forward")
+                       state.get("delayed", {}), telemetry, "forward",
+                       _owner(recipe, api))
   (xq, _, _, xs), (wq, _, _, ws) = ops
   tel, amaxes = {}, {}
   _record(tel, amaxes, "forward", ops)
@@ -235,33 +268,52 @@ def _forward(x, w, key, state, recipe):
           amaxes)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _qmatmul(x, w, key, state, recipe):
-  out, tel, _, _ = _forward(x, w, key, state, recipe)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _qmatmul(x, w, key, state, recipe, api):
+  out, tel, _, _ = _forward(x, w, key, state, recipe, api)
   return out, tel
 
 
-def _qmatmul_fwd(x, w, key, state, recipe):
-  out, tel, wq, amaxes = _forward(x, w, key, state, recipe)
+def _qmatmul_fwd(x, w, key, state, recipe, api):
+  out, tel, wq, amaxes = _forward(x, w, key, state, recipe, api)
   return (out, tel), (x, w, key, state, wq if recipe.reuse_forward_weight else None,
                       amaxes)
 
 
-def _qmatmul_bwd(recipe, res, cotangents):
+def _excess_axes(value, like) -> tuple[str, ...]:
+  """Manual mesh axes (mesh order) ``value`` varies over and ``like`` does not."""
+  have = set(random_bits.varying_manual_axes(like))
+  return tuple(a for a in random_bits.varying_manual_axes(value) if a not in have)
+
+
+def _sum_to(ct: jax.Array, primal: jax.Array) -> jax.Array:
+  """The cotangent of ``primal``: ``ct`` summed over the manual mesh axes (inside
+  ``shard_map``) that ``ct`` varies over and ``primal`` does not.
+
+  A replicated operand used with a sharded one (a weight with data-parallel
+  activations) is implicitly broadcast to every shard; the transpose of that broadcast
+  is a sum over the shards, which JAX's own autodiff inserts and a custom VJP must.
+  """
+  axes = _excess_axes(ct, primal)
+  return lax.psum(ct, axes) if axes else ct
+
+
+def _qmatmul_bwd(recipe, api, res, cotangents):
   x, w, key, state, wq_fwd, amaxes = res
   g = cotangents[0].astype(jnp.float32)  # the telemetry output has no gradient
   telemetry = "telemetry" in state
   delayed = state.get("delayed", {})
   tel, amaxes = {}, dict(amaxes)
+  owner = _owner(recipe, api)
   kd = _gemm_keys(key, DGRAD)
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
     gres = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
-                             delayed=delayed.get("dgrad/lhs"))
+                             delayed=delayed.get("dgrad/lhs"), owner=owner)
     ops = (gres, (wq_fwd[0], None, None, wq_fwd[1]))
     w_op = recipe.forward.rhs
   else:
     ops = _gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd, delayed, telemetry,
-                         "dgrad")
+                         "dgrad", owner)
     w_op = recipe.dgrad.rhs
   _record(tel, amaxes, "dgrad", ops)
   dx = _compensate(_mm(ops[0][0], ops[1][0], _DGRAD_MM, recipe.compute_dtype,
@@ -269,7 +321,7 @@ def _qmatmul_bwd(recipe, res, cotangents):
                    recipe.dgrad.lhs, w_op)
   kw = _gemm_keys(key, WGRAD)
   ops = _gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw, delayed, telemetry,
-                       "wgrad")
+                       "wgrad", owner)
   _record(tel, amaxes, "wgrad", ops)
   dw = _compensate(_mm(ops[0][0], ops[1][0], _WGRAD_MM, recipe.compute_dtype,
                        recipe.wgrad.accumulation, (ops[0][3], ops[1][3])),
@@ -277,27 +329,47 @@ def _qmatmul_bwd(recipe, res, cotangents):
   if recipe.dge_k is not None:
     dw = dw * _dge_factor(recipe, w)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
-  return dx.astype(x.dtype), dw.astype(w.dtype), None, _next_state(recipe, state, amaxes,
-                                                                   tel)
+  return (_sum_to(dx, x).astype(x.dtype), _sum_to(dw, w).astype(w.dtype), None,
+          _next_state(recipe, state, amaxes, tel, api))
 
 
 _qmatmul.defvjp(_qmatmul_fwd, _qmatmul_bwd)
 
 
-def _next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict
-                ) -> State:
-  """The state's cotangent: the next delayed states and the backward telemetry."""
+def _next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict,
+                api: str) -> State:
+  """The state's cotangent: the next delayed states and the backward telemetry.
+
+  Inside ``shard_map`` an operand's amax is its shard's; where the state is replicated
+  over mesh axes the operand varies over, the amax is maximized over them first
+  (``lax.pmax``), so the next state is that of the whole operand, as Transformer
+  Engine reduces amaxes over its group.
+  """
   out = {}
   if "delayed" in state:
     out["delayed"] = {}
     for slot, s in state["delayed"].items():
       gemm, side = slot.split("/")
       op = getattr(getattr(recipe, gemm), side)
+      amax = amaxes[slot]
+      axes = _excess_axes(amax, s.scale)
+      if axes:
+        amax = lax.pmax(amax, axes)
       out["delayed"][slot] = delayed_scaling.next_state(
-          s, amaxes[slot], op.fmt, amax_compute_algo=op.amax_compute_algo,
+          s, amax, op.fmt, amax_compute_algo=op.amax_compute_algo,
           margin=op.margin)
   if "telemetry" in state:
-    out["telemetry"] = {slot: tel[slot] for slot in state["telemetry"]}
+    out["telemetry"] = {}
+    for slot, like in state["telemetry"].items():
+      axes = _excess_axes(tel[slot].sqnr_db, like.sqnr_db)
+      if axes:
+        raise ValueError(
+            f"{api}: the backward telemetry of {slot!r} is per shard (its operand "
+            f"varies over the mesh axes {axes} inside shard_map) but the state holding "
+            f"it is replicated over them, and an SQNR has no exact reduction across "
+            f"shards; build the state with init_state(recipe) and no telemetry, or "
+            f"take telemetry outside shard_map")
+      out["telemetry"][slot] = tel[slot]
   return out
 
 
@@ -379,7 +451,8 @@ def _check_state(r: recipes_lib.Recipe, state: State) -> None:
                      f"it with init_state(recipe)")
 
 
-def _run(lhs, rhs, dimension_numbers, r, key, state, precision, preferred_element_type):
+def _run(lhs, rhs, dimension_numbers, r, key, state, precision, preferred_element_type,
+         api="quantized_dot_general"):
   lhs, rhs = _check_operands(lhs, rhs)
   if not r.quantized:
     cd = jnp.dtype(_COMPUTE[r.compute_dtype])
@@ -398,7 +471,7 @@ def _run(lhs, rhs, dimension_numbers, r, key, state, precision, preferred_elemen
                      f"transform and needs a PRNG key")
   out_dtype = preferred_element_type or lhs.dtype
   x, w, out_shape = _canonical(lhs, rhs, dimension_numbers)
-  out, tel = _qmatmul(x, w, key if r.needs_key else None, state, r)
+  out, tel = _qmatmul(x, w, key if r.needs_key else None, state, r, api)
   return out.reshape(out_shape).astype(out_dtype), tel
 
 
@@ -459,7 +532,7 @@ def quantized_dot_general_with_state(
     return _run(lhs, rhs, dimension_numbers, r, key, {}, precision,
                 preferred_element_type)[0], {}
   return _run(lhs, rhs, dimension_numbers, r, key, state, precision,
-              preferred_element_type)
+              preferred_element_type, "quantized_dot_general_with_state")
 
 
 def make_dot_general(recipe: str | recipes_lib.Recipe, *,
@@ -526,7 +599,8 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   def quantize(w: jax.Array) -> jax.Array:
     if w.ndim < 2:
       raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
-    q, _, _, scale = _quantize_operand(w, op, *_W_FWD, None)
+    q, _, _, scale = _quantize_operand(w, op, *_W_FWD, None,
+                                       owner=("forward_weight_quantizer", "gradient"))
     q = q if scale is None else q * scale
     return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
 

@@ -16,11 +16,11 @@ from typing import Literal, Sequence
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import gradients
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "none"]
 SCALINGS = ("block", "tensor", "none")
@@ -49,6 +49,10 @@ class QuantSpec:
     saturate: for ``none``/``tensor`` casts, clamp overflow to +-max (block formats
       always saturate).
     convention: NVFP4 scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
+    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or tuple of axes) over
+      which the tensor amax is reduced (``lax.pmax``), so every shard takes the whole
+      tensor's scale (Transformer Engine's amax reduction group). For the quantizers
+      with a tensor amax only: ``nvfp4`` and ``tensor`` scaling. None: per shard.
 
   Raises:
     ValueError: an unknown name, a non-positive block, or an argument the quantizer
@@ -67,6 +71,7 @@ class QuantSpec:
   rng: str = "hash"
   saturate: bool = True
   convention: str = "te"
+  amax_axis_name: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
@@ -103,6 +108,13 @@ class QuantSpec:
                        f"{self.convention!r}")
     if self.fmt != "nvfp4" and self.convention != "te":
       raise ValueError(f"convention is an NVFP4 option, got fmt={self.fmt!r}")
+    object.__setattr__(self, "amax_axis_name", blockscale.check_amax_axis_name(
+        self.amax_axis_name, "QuantSpec"))
+    if self.amax_axis_name is not None and not (self.fmt == "nvfp4"
+                                                or scaling == "tensor"):
+      raise ValueError(f"amax_axis_name reduces a tensor amax, which only nvfp4 and "
+                       f"scaling='tensor' take; got fmt={self.fmt!r}, scaling="
+                       f"{scaling!r}")
     if scaling == "block":
       default = blockscale.NVFP4_BLOCK if self.fmt == "nvfp4" else blockscale.MX_BLOCK
       blocks, axis = blockscale.canonical_block(self.block_shape, self.axis, default)
@@ -155,13 +167,15 @@ def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
   """
   if spec.is_cast:
     raise ValueError(f"spec {spec} is an element-wise cast, not a block quantizer")
+  x = rounding_lib.check_float_input(x, "quantizer.quantize")
   _check_key(spec, key)
   stochastic = dict(key=key, rand_bits=spec.rand_bits, rng=spec.rng) \
       if spec.needs_key else {}
   if spec.fmt == "nvfp4":
     return blockscale.quantize_nvfp4(
         x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-        pad=spec.pad, convention=spec.convention, **stochastic)
+        pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
+        **stochastic)
   return blockscale.quantize_mx(
       x, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
       scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic)
@@ -173,7 +187,8 @@ def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
       if spec.needs_key else {}
   x32 = jnp.asarray(x).astype(jnp.float32)
   if spec.is_cast:
-    scale = tensor_scale(x32, spec.fmt) if spec.tensorwise else None
+    scale = (tensor_scale(x32, spec.fmt, amax_axis_name=spec.amax_axis_name)
+             if spec.tensorwise else None)
     y = jax.lax.stop_gradient(rounding_lib.cast(
         x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
         saturate=spec.saturate, **stochastic))
@@ -181,7 +196,8 @@ def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
   if spec.fmt == "nvfp4":
     return jax.lax.stop_gradient(blockscale.quantize_dequantize_nvfp4(
         x32, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-        pad=spec.pad, convention=spec.convention, **stochastic))
+        pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
+        **stochastic))
   return jax.lax.stop_gradient(blockscale.quantize_dequantize_mx(
       x32, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
       scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic))
@@ -192,16 +208,25 @@ def quantize_dequantize(x: jax.Array, spec: QuantSpec, *,
   """``dequantize(quantize(x))`` (or the cast) in float32, x's shape.
 
   Gradient: straight-through (the cotangent, in x's dtype).
+
+  Raises:
+    TypeError: ``x`` is not float32, bfloat16 or float16 (complex, integer, bool).
   """
+  x = rounding_lib.check_float_input(x, "quantizer.quantize_dequantize")
   _check_key(spec, key)
-  return gradients.straight_through(lambda x, key: _qdq(x, spec, key), jnp.asarray(x),
-                                    key)
+  return gradients.straight_through(lambda x, key: _qdq(x, spec, key), x, key)
 
 
-def tensor_scale(x: jax.Array, fmt: str) -> jax.Array:
-  """float32 per-tensor scale ``fmt.max / amax(x)`` over finite values (1 if amax=0)."""
+def tensor_scale(x: jax.Array, fmt: str, *,
+                 amax_axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
+  """float32 per-tensor scale ``fmt.max / amax(x)`` over finite values (1 if amax=0);
+  the amax also over the mesh axes ``amax_axis_name`` inside ``shard_map``."""
   a = jnp.abs(x.astype(jnp.float32))
   amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
+  if amax_axis_name is not None:  # amax >= 0: its bits order like its values
+    bits = blockscale.reduce_amax_bits(jax.lax.bitcast_convert_type(amax, jnp.int32),
+                                       amax_axis_name)
+    amax = jax.lax.bitcast_convert_type(bits, jnp.float32)
   scale = jnp.float32(formats_lib.get(fmt).max) / amax
   return jnp.where((amax > 0) & jnp.isfinite(scale), scale, jnp.float32(1.0))
 
@@ -212,8 +237,12 @@ def fake_quant_spec(x: jax.Array, spec: QuantSpec, *,
 
   Forward: ``dequantize(quantize(x))`` cast back to x's dtype. Backward: the identity
   (the gradient passes through unchanged, also outside the representable range).
+
+  Raises:
+    TypeError: ``x`` is not float32, bfloat16 or float16 (complex, integer, bool), as
+      :func:`numerics.cast`.
   """
-  x = jnp.asarray(x)
+  x = rounding_lib.check_float_input(x, "fake_quant_spec")
   _check_key(spec, key)
   return gradients.straight_through(
       lambda x, key: _qdq(x, spec, key).astype(x.dtype), x, key)
@@ -224,15 +253,24 @@ def fake_quant(x: jax.Array, fmt: str = "e4m3", *, scaling: Scaling | None = Non
                axis: int | Sequence[int] | None = None, scale_rule: str = "floor",
                rounding: str = "nearest", key: jax.Array | None = None,
                rand_bits: int | None = None, pad: bool = False, rng: str = "hash",
-               saturate: bool = True, convention: str = "te") -> jax.Array:
+               saturate: bool = True, convention: str = "te",
+               amax_axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
   """``dequantize(quantize(x, ...))`` with a straight-through gradient.
 
   ``fmt`` is an MX element format (block-scaled, default 1x32), ``"nvfp4"`` (1x16 or
   16x16 E4M3-scaled blocks), or any format for an element-wise cast (the default for
   non-block formats such as ``bf16``; ``scaling="none"`` for an MX element format).
   The other arguments are :class:`QuantSpec`'s. Returns x's dtype.
+
+  Raises:
+    TypeError: ``x`` is not float32, bfloat16 or float16: complex (whose imaginary part
+      would be dropped), integer and bool inputs are rejected, as by
+      :func:`numerics.cast`.
+    ValueError: invalid quantizer arguments (see :class:`QuantSpec`).
   """
+  x = rounding_lib.check_float_input(x, "fake_quant")
   spec = QuantSpec(fmt=fmt, scaling=scaling, block_shape=block_shape, axis=axis,
                    scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
-                   rng=rng, saturate=saturate, convention=convention)
+                   rng=rng, saturate=saturate, convention=convention,
+                   amax_axis_name=amax_axis_name)
   return fake_quant_spec(x, spec, key=key)

@@ -18,6 +18,30 @@ index (so a Pallas kernel, a sharded run and the jnp reference draw the same bit
   bits per element, reproducible from a key.
 * ``"threefry"``: ``jax.random.bits`` (Threefry-2x32, 20 rounds), the JAX standard.
   Statistically stronger, about 7-12x slower than ``"hash"`` on the CPU.
+
+Inside ``jax.shard_map`` each shard holds a local block and indexes it from 0, so
+with one key every shard would draw the same words (correlated rounding noise across
+data-parallel replicas). The quantizers therefore pass the array they round as
+``shard_of``: when it varies over manual mesh axes (``jax.typeof(x)``'s varying axes,
+tracked with ``check_vma=True``, shard_map's default), the shard's linear position
+``p`` over those axes (``lax.axis_index`` over them in the mesh's axis order, the first
+major) offsets its words:
+
+* ``"hash"``: word ``i`` of the shard is the word of index ``p * n + i`` (``n`` the
+  local element count), i.e. ``s0`` becomes ``s0 + p * n``. Shards draw disjoint
+  ranges of one stream, so no word repeats across shards (the global array is limited
+  to 2^32 elements). When the array is sharded along its leading axis only, over mesh
+  axes in mesh order (the data-parallel layout), ``p * n + i`` is the element's
+  row-major index in the global array: the words, and so every stochastic rounding,
+  equal the unsharded ones bit for bit. Other layouts get the same stream in another
+  order.
+* ``"threefry"``: ``jax.random.bits(jax.random.fold_in(key, p), shape)``.
+
+An array that does not vary over a manual axis (replicated there) draws the same
+words on every shard of it, so its rounding stays replicated; outside ``shard_map``
+(and under ``jit`` with shardings, where indices are global already) the words are
+exactly those of the formulas above. ``check_vma=False`` hides the varying axes: the
+shards then index from 0 again.
 """
 
 from __future__ import annotations
@@ -26,6 +50,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 Method = Literal["hash", "threefry"]
@@ -96,15 +121,68 @@ def row_major_index(shape: tuple[int, ...]) -> jax.Array:
   return idx
 
 
+def varying_manual_axes(x) -> tuple[str, ...]:
+  """The manual mesh axes ``x`` varies over (inside ``shard_map``), in mesh order.
+
+  Empty outside ``shard_map``, for a value replicated over every manual axis, and
+  under ``check_vma=False`` (which does not track them).
+  """
+  mat = getattr(jax.typeof(x), "manual_axis_type", None)
+  varying = getattr(mat, "varying", None)
+  if not varying:
+    return ()
+  names = jax.sharding.get_abstract_mesh().axis_names
+  return tuple(a for a in names if a in varying) or tuple(sorted(varying))
+
+
+def shard_position(x) -> tuple[jax.Array, int] | None:
+  """``(p, count)``: the linear position (int32, first axis major) of this shard over
+  the manual mesh axes ``x`` varies over, and the number of such shards; None when
+  ``x`` varies over none (see the module docstring)."""
+  axes = varying_manual_axes(x)
+  if not axes:
+    return None
+  count = 1
+  for a in axes:
+    count *= int(lax.axis_size(a))
+  return lax.axis_index(axes if len(axes) > 1 else axes[0]), count
+
+
+def sharded_seeds(key: jax.Array, shape: tuple[int, ...], shard_of=None
+                  ) -> tuple[jax.Array, jax.Array]:
+  """The ``"hash"`` seeds ``(s0, s1)`` of ``key`` for an array of local ``shape``: those
+  of :func:`key_to_seeds`, with ``s0`` offset by ``p * size`` inside ``shard_map`` when
+  ``shard_of`` varies over manual mesh axes (module docstring). The Pallas kernels
+  take these, so they draw the words of :func:`random_words`."""
+  s0, s1 = key_to_seeds(key)
+  pos = None if shard_of is None else shard_position(shard_of)
+  if pos is None:
+    return s0, s1
+  p, count = pos
+  size = int(np.prod(shape, dtype=np.int64))
+  if size * count >= 2 ** 32:
+    raise ValueError(f"the hash generator indexes at most 2^32 elements, got {count} "
+                     f"shards of {tuple(shape)} inside shard_map")
+  return s0 + p.astype(jnp.uint32) * np.uint32(size), s1
+
+
 def random_words(key: jax.Array, shape: tuple[int, ...], *,
-                 method: Method = "hash") -> jax.Array:
-  """Uniform uint32 words of ``shape``, a pure function of ``key`` (and ``method``)."""
+                 method: Method = "hash", shard_of=None) -> jax.Array:
+  """Uniform uint32 words of ``shape``, a pure function of ``key`` (and ``method``).
+
+  ``shard_of``: the array the words will round (``shape`` is its shape). Inside
+  ``shard_map``, when it varies over manual mesh axes, each shard draws its own words
+  (module docstring); elsewhere it changes nothing.
+  """
   shape = tuple(int(d) for d in shape)
   if method == "hash":
-    s0, s1 = key_to_seeds(key)
+    s0, s1 = sharded_seeds(key, shape, shard_of)
     return hash_words(row_major_index(shape), s0, s1)
   if method == "threefry":
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
       key = jax.random.wrap_key_data(key)
+    pos = None if shard_of is None else shard_position(shard_of)
+    if pos is not None:
+      key = jax.random.fold_in(key, pos[0])
     return jax.random.bits(key, shape, jnp.uint32)
   raise ValueError(f"unknown random-bit method {method!r}; known: {', '.join(METHODS)}")

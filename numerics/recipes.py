@@ -51,7 +51,9 @@ NVFP4 operands (``te`` convention) enter the GEMM as their block-scaled values
 tensor scales, as the hardware does (:mod:`numerics.qdot`). Accumulation is float32
 unless a GEMM emulates a narrower accumulator.
 
-Build a custom recipe with :class:`Recipe` directly or :func:`replace`.
+Build a custom recipe with :class:`Recipe` directly or :func:`replace`;
+:func:`with_amax_axis_name` reduces every tensor amax over mesh axes inside
+``jax.shard_map``.
 """
 
 from __future__ import annotations
@@ -61,11 +63,11 @@ from typing import Literal
 
 import numpy as np
 
-from numerics import accumulation as accumulation_lib
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import quantizer
-from numerics import rounding as rounding_lib
+from lowprec.numerics import accumulation as accumulation_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "delayed"]
 COMPUTE_DTYPES = ("bf16", "fp32")
@@ -104,6 +106,9 @@ class OperandQuant:
       Engine's ``DelayedScaling`` fields (history length, ``max`` or
       ``most_recent``, and the scale's power-of-two margin).
     convention: NVFP4's scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
+    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
+      operand's tensor amax is reduced (``nvfp4`` and ``tensor`` scaling only; see
+      :class:`numerics.quantizer.QuantSpec` and :func:`with_amax_axis_name`).
   """
 
   fmt: str
@@ -119,6 +124,7 @@ class OperandQuant:
   amax_compute_algo: Literal["max", "most_recent"] = _DELAYED_DEFAULTS["amax_compute_algo"]
   margin: int = _DELAYED_DEFAULTS["margin"]
   convention: str = "te"
+  amax_axis_name: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
     if self.fmt != "nvfp4":
@@ -154,6 +160,13 @@ class OperandQuant:
     if self.convention not in blockscale.NVFP4_CONVENTIONS:
       raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
                        f"{self.convention!r}")
+    object.__setattr__(self, "amax_axis_name", blockscale.check_amax_axis_name(
+        self.amax_axis_name, "OperandQuant"))
+    if self.amax_axis_name is not None and not (self.fmt == "nvfp4"
+                                                or self.scaling == "tensor"):
+      raise ValueError(f"amax_axis_name reduces a tensor amax, which only nvfp4 and "
+                       f"scaling='tensor' operands take; got fmt={self.fmt!r}, "
+                       f"scaling={self.scaling!r}")
     if self.rounding not in rounding_lib.ROUNDINGS:
       raise ValueError(f"unknown rounding {self.rounding!r}")
     rounding_lib.check_rand_bits(self.rand_bits)
@@ -214,9 +227,10 @@ class OperandQuant:
       raise ValueError("a delayed-scaling operand has no stateless QuantSpec")
     if self.scaling == "tensor":
       return quantizer.QuantSpec(fmt=self.fmt, scaling="tensor", rounding=self.rounding,
-                                 rand_bits=self.rand_bits)
-    extra = (dict(convention=self.convention) if self.fmt == "nvfp4"
-             else dict(scale_rule=self.scale_rule))
+                                 rand_bits=self.rand_bits,
+                                 amax_axis_name=self.amax_axis_name)
+    extra = (dict(convention=self.convention, amax_axis_name=self.amax_axis_name)
+             if self.fmt == "nvfp4" else dict(scale_rule=self.scale_rule))
     return quantizer.QuantSpec(fmt=self.fmt, rounding=self.rounding,
                                rand_bits=self.rand_bits,
                                **self.blocks(contract_axis, free_axis), **extra)
@@ -428,6 +442,30 @@ def with_accumulation(recipe: str | Recipe,
   gemms = {name: dataclasses.replace(g, accumulation=accumulation)
            for name, g in (("forward", r.forward), ("dgrad", r.dgrad), ("wgrad", r.wgrad))}
   return dataclasses.replace(r, name=f"{r.name}+acc{accumulation.fraction_bits}", **gemms)
+
+
+def with_amax_axis_name(recipe: str | Recipe,
+                        amax_axis_name: str | tuple[str, ...]) -> Recipe:
+  """``recipe`` with every tensor amax (NVFP4 and ``tensor``-scaled operands) reduced
+  over the mesh axes ``amax_axis_name`` inside ``jax.shard_map``, as Transformer Engine
+  reduces amaxes over a data- or tensor-parallel group: every shard then quantizes with
+  the whole operand's tensor scale. Other operands are unchanged (MX has no tensor
+  amax; a ``delayed`` operand's amax history is reduced by
+  :func:`numerics.qdot.quantized_dot_general_with_state` itself)."""
+  r = get(recipe)
+  blockscale.check_amax_axis_name(amax_axis_name, "with_amax_axis_name")
+  if amax_axis_name is None:
+    raise ValueError("with_amax_axis_name needs a mesh axis name, got None")
+
+  def change(op):
+    if op is None or not (op.fmt == "nvfp4" or op.scaling == "tensor"):
+      return op
+    return dataclasses.replace(op, amax_axis_name=amax_axis_name)
+
+  gemms = {name: dataclasses.replace(g, lhs=change(g.lhs), rhs=change(g.rhs))
+           for name, g in zip(GEMM_NAMES, r.gemms)}
+  label = amax_axis_name if isinstance(amax_axis_name, str) else ",".join(amax_axis_name)
+  return dataclasses.replace(r, name=f"{r.name}+amax@{label}", **gemms)
 
 
 def names() -> tuple[str, ...]:

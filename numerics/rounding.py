@@ -33,9 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import gradients as gradients_lib
-from numerics import random_bits as random_bits_lib
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import gradients as gradients_lib
+from lowprec.numerics import random_bits as random_bits_lib
 
 Rounding = Literal["nearest", "stochastic", "toward_zero"]
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
@@ -50,10 +50,26 @@ def _check_rounding(rounding: str) -> None:
     raise ValueError(f"unknown rounding {rounding!r}; known: {', '.join(ROUNDINGS)}")
 
 
-def _check_input(x: jax.Array, fmt: formats_lib.Format) -> None:
+def check_float_input(x, fn: str) -> jax.Array:
+  """``jnp.asarray(x)`` if it is float32, bfloat16 or float16; else TypeError naming
+  the public function ``fn`` and x's dtype and shape.
+
+  Every public quantizer validates its input with this: a complex array would lose its
+  imaginary part in the float32 arithmetic, and integer or bool arrays have no grid to
+  round onto (their "quantized" values would come back truncated to their own dtype).
+  """
+  x = jnp.asarray(x)
   if x.dtype not in [jnp.dtype(d) for d in _FLOAT_INPUTS]:
-    raise TypeError(
-        f"cast expects float32, bfloat16 or float16 input, got {x.dtype}")
+    hint = ("quantize its real and imaginary parts separately"
+            if jnp.issubdtype(x.dtype, jnp.complexfloating)
+            else "convert it to float32 first")
+    raise TypeError(f"{fn} expects a float32, bfloat16 or float16 array, got "
+                    f"{x.dtype}{list(x.shape)}; {hint}")
+  return x
+
+
+def _check_input(x: jax.Array, fmt: formats_lib.Format, fn: str = "cast") -> None:
+  check_float_input(x, fn)
   if not formats_lib.representable_in(fmt, x.dtype):
     raise TypeError(
         f"{fmt.name} values are not all representable in {x.dtype}, so the result "
@@ -104,6 +120,64 @@ def compose_bits(n: jax.Array, qe: jax.Array) -> jax.Array:
   return jnp.where(n == 0, _U(0), jnp.where(ev >= -126, normal, subnormal))
 
 
+def _leading_zeros_u32(n: jax.Array) -> jax.Array:
+  """int32 leading zero bits of any uint32 ``n`` (:func:`leading_zeros` is exact below
+  2^24; above, ``n >> 8`` is, and has 8 more)."""
+  return jnp.where(n >= _U(1 << 24), leading_zeros(n >> 8) - _I(8), leading_zeros(n))
+
+
+def round_bits_rn(n: jax.Array, qe: jax.Array) -> jax.Array:
+  """float32 bit pattern of ``n * 2^qe`` (uint32 ``n``, int32 ``qe``) rounded to
+  nearest even, by integer ops.
+
+  Gradual underflow as IEEE float32 has it (subnormal results, never a flush to zero),
+  and overflow to Inf. :func:`compose_bits` for any ``n``: that one needs ``n * 2^qe``
+  exact in float32.
+  """
+  p = _I(31) - _leading_zeros_u32(n)  # position of n's leading one (-1 for n == 0)
+  # Bits of n below the kept ones: 24 significant bits for a normal result, the bits
+  # below 2^-149 for a subnormal one.
+  drop = jnp.maximum(p - _I(23), _I(-149) - qe)
+  d = jnp.clip(drop, 1, 32).astype(jnp.uint32)
+  kept = jnp.where(d >= _U(32), _U(0), n >> jnp.clip(drop, 1, 31).astype(jnp.uint32))
+  guard = (n >> (d - _U(1))) & _U(1)
+  sticky = ((n & ((_U(1) << (d - _U(1))) - _U(1))) != 0).astype(jnp.uint32)
+  rounded = kept + (guard & (sticky | (kept & _U(1))))
+  m = jnp.where(drop > 0, jnp.where(drop > 32, _U(0), rounded), n)  # m <= 2^24
+  qm = qe + jnp.maximum(drop, 0)
+  overflow = (m != 0) & (qm + _I(31) - leading_zeros(m) > 127)
+  return jnp.where(overflow, _U(0x7F800000), compose_bits(m, qm))
+
+
+def mul_narrow(a: jax.Array, b: jax.Array) -> jax.Array:
+  """float32 ``a * b`` rounded to nearest even, subnormal operands and results included,
+  for a finite ``a`` with at most 8 significant bits (an E4M3 or E2M1 value, or a
+  product of the two) and a finite ``b``.
+
+  Equal bit for bit to IEEE float32 multiplication (NumPy, GPUs): the 8 x 24-bit
+  integer product of the significands is exact in uint32 and rounded once by
+  :func:`round_bits_rn`. XLA:CPU and TPUs treat subnormal operands (and results) as
+  zero; NVFP4's tensor scale ``1/S_enc`` is subnormal for tensors with amax below
+  ``2688 * 2^-126``, which would zero their scales and dequantized values. NaN and Inf
+  operands give IEEE's NaN and signed Inf.
+  """
+  a = jnp.asarray(a, jnp.float32)
+  b = jnp.asarray(b, jnp.float32)
+  ab = lax.bitcast_convert_type(a, jnp.uint32)
+  bb = lax.bitcast_convert_type(b, jnp.uint32)
+  ma, mb = ab & _U(0x7FFFFFFF), bb & _U(0x7FFFFFFF)
+  sa, ea = split_bits(ma)
+  sb, eb = split_bits(mb)
+  sign = (ab ^ bb) & _U(0x80000000)
+  n = (sa >> _U(16)) * sb  # exact: below 2^8 * 2^24
+  zero = n == 0  # a factor is zero (not ma == 0: see nonzero_magnitude)
+  bits = jnp.where(zero, _U(0), round_bits_rn(n, ea + eb - _I(30)))
+  finite = (ma < _U(0x7F800000)) & (mb < _U(0x7F800000))
+  nan = (ma > _U(0x7F800000)) | (mb > _U(0x7F800000)) | zero  # Inf * 0 is NaN too
+  special = jnp.where(nan, _U(0x7FC00000), _U(0x7F800000) | sign)
+  return lax.bitcast_convert_type(jnp.where(finite, bits | sign, special), jnp.float32)
+
+
 def split_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(significand, exponent) of finite magnitude bits ``a``: value = sig * 2^(eb-23).
 
@@ -116,6 +190,19 @@ def split_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
   sig = jnp.where(e32 > 0, frac | _U(0x800000), frac << lead.astype(jnp.uint32))
   eb = jnp.where(e32 > 0, e32.astype(jnp.int32) - _I(127), _I(-126) - lead)
   return sig, eb
+
+
+def nonzero_magnitude(a: jax.Array) -> jax.Array:
+  """bool: magnitude bits ``a`` (a float32's bits with the sign cleared) are not zero.
+
+  ``a != 0`` itself is unsafe on XLA:CPU when ``a`` comes from a float loaded in the
+  same fusion: LLVM folds ``(bits & 0x7FFFFFFF) == 0`` into ``x == 0.0``, which the
+  CPU's denormals-are-zero mode answers True for a subnormal ``x`` (seen in NVFP4's
+  torchao core). The normalized significand's leading bit is set exactly when the
+  value is nonzero, and no float compare can stand for it.
+  """
+  sig, _ = split_bits(a)
+  return (sig & _U(0x800000)) != 0
 
 
 def ldexp_bits(a: jax.Array, k: jax.Array | int) -> jax.Array:
@@ -287,7 +374,7 @@ def _cast(x, key, *, fmt, rounding, saturate, rand_bits, rng):
   def run(x, key):
     words = None
     if rounding == "stochastic":
-      words = random_bits_lib.random_words(key, x.shape, method=rng)
+      words = random_bits_lib.random_words(key, x.shape, method=rng, shard_of=x)
     y = round_f32(x.astype(jnp.float32), f, rounding=rounding, words=words,
                   rand_bits=rand_bits, saturate=saturate)
     return y.astype(x.dtype)
@@ -360,7 +447,7 @@ def cast_with_words(x: jax.Array, fmt: str | formats_lib.Format, words: jax.Arra
   """
   f = formats_lib.get(fmt)
   x = jnp.asarray(x)
-  _check_input(x, f)
+  _check_input(x, f, "cast_with_words")
   check_rand_bits(rand_bits)
   words = jnp.asarray(words)
   if words.dtype != jnp.uint32 or words.shape != x.shape:

@@ -31,10 +31,10 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import blockscale
-from numerics import formats as formats_lib
-from numerics import quantizer
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
 
 STATS = ("saturated", "flushed", "scale_clamped", "sqnr_db")
 
@@ -90,11 +90,12 @@ def spec_telemetry(x: jax.Array, q: jax.Array, spec: quantizer.QuantSpec
     return _common(x, q, jnp.abs(x) > fmax, no_blocks)
   if spec.scaling == "tensor":
     fmax = formats_lib.get(spec.fmt).max
-    scale = quantizer.tensor_scale(x, spec.fmt)
+    scale = quantizer.tensor_scale(x, spec.fmt, amax_axis_name=spec.amax_axis_name)
     return _common(x, q, jnp.abs(x) * scale > fmax, no_blocks)
   layout = dict(block_shape=spec.block_shape, axis=spec.axis, pad=spec.pad)
   if spec.fmt == "nvfp4":
     mult, clamped = blockscale.nvfp4_grid_multipliers(x, convention=spec.convention,
+                                                     amax_axis_name=spec.amax_axis_name,
                                                      **layout)
     return _common(x, q, jnp.abs(x) * mult > 6.0, clamped)
   f = formats_lib.get(spec.fmt)

@@ -2,7 +2,7 @@
 
 One naming rule for everything that reports or matches parameters by name (the export
 metrics of :mod:`numerics.export`, the layer plans and checks of
-:mod:`numerics.rl.weight_sync`): a dict key or flattened-index key gives its key, a
+:mod:`experiments.mxfp8_rl.weight_sync`): a dict key or flattened-index key gives its key, a
 sequence key its index, an attribute key its name.
 """
 

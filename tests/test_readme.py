@@ -1,4 +1,4 @@
-"""Every README code block runs as written.
+"""Every code block of the README and of docs/*.md runs as written.
 
 * Each ```python block runs on its own, in a fresh namespace (no name from an earlier
   block), so a reader can paste any one of them.
@@ -16,24 +16,31 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
 import pytest
 
 from experiments.common.repo_paths import REPO_DIR
 
-README = os.path.join(REPO_DIR, "README.md")
+DOCS = ["README.md"] + sorted(
+    os.path.join("docs", f) for f in os.listdir(os.path.join(REPO_DIR, "docs"))
+    if f.endswith(".md"))
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-def _blocks(kind: str) -> list[str]:
-  with open(README) as f:
-    return [body for lang, body in _FENCE.findall(f.read()) if lang == kind]
+def _blocks(kind: str) -> list[tuple[str, str]]:
+  """``(file, body)`` of every ``kind`` block of the README and docs/."""
+  out = []
+  for doc in DOCS:
+    with open(os.path.join(REPO_DIR, doc)) as f:
+      out += [(doc, body) for lang, body in _FENCE.findall(f.read()) if lang == kind]
+  return out
 
 
 def _commands() -> list[list[str]]:
   """``python -m`` command lines of the bash blocks, as argv after ``-m``."""
   out = []
-  for block in _blocks("bash"):
+  for _, block in _blocks("bash"):
     for line in block.replace("\\\n", " ").splitlines():
       line = line.split("#", 1)[0].strip()
       for part in line.split("&&"):
@@ -45,8 +52,21 @@ def _commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("index", range(len(_blocks("python"))))
 def test_python_block_runs_on_its_own(index):
-  code = _blocks("python")[index]
-  exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme"})
+  doc, code = _blocks("python")[index]
+  module = types.ModuleType(f"readme_block_{index}")  # dataclasses look their module up
+  sys.modules[module.__name__] = module
+  try:
+    exec(compile(code, f"{doc} python block {index}", "exec"), module.__dict__)
+  finally:
+    del sys.modules[module.__name__]
+
+
+def test_the_readme_is_a_page_and_links_every_doc():
+  with open(os.path.join(REPO_DIR, "README.md")) as f:
+    text = f.read()
+  assert len(text.splitlines()) < 200
+  for doc in DOCS[1:]:
+    assert f"]({doc})" in text, f"README does not link {doc}"
 
 
 # Runs each command's module as __main__ with app.run replaced by a parse of its flags;

@@ -152,7 +152,7 @@ def snr_table(tokens: int = 1024, k: int = 512, n: int = 512, experts: int = 8,
               repeats: int = 2) -> str:
   """Markdown: ALTO's operator-level SNR (dB), Linear and grouped expert GEMM."""
   import jax  # pylint: disable=import-outside-toplevel
-  from numerics import operator_snr, recipes  # pylint: disable=import-outside-toplevel
+  from lowprec.numerics import operator_snr, recipes  # pylint: disable=import-outside-toplevel
   rows = [(label, recipes.get(name)) for label, name in SNR_RECIPES]
   rows.append(("+RHT+SR+MBS", recipes.with_macro_blocks("mxfp4")))
   lines = ["", "## Operator-level SNR (dB): forward O / dgrad dX / wgrad dW", "",

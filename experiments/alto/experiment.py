@@ -30,12 +30,12 @@ from experiments.lm import experiment as lm
 from experiments.common import recipe_flag
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
-from models.transformer import TransformerConfig
-from numerics import qdot
-from numerics import tree_paths
-from numerics import recipes as recipes_lib
-from numerics.optim.deoscillation import DeoscillationState, deoscillate
-from numerics.optim.dge_statistics import DGEStatisticsState, dge_statistics
+from lowprec.models.transformer import TransformerConfig
+from lowprec.numerics import qdot
+from lowprec.numerics import tree_paths
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.numerics.optim.deoscillation import DeoscillationState, deoscillate
+from lowprec.numerics.optim.dge_statistics import DGEStatisticsState, dge_statistics
 
 EXPERIMENT = "alto"
 RECIPE_OPTIONS = ("dge", "static_clip", "dynamic_clip", "macro_block")

@@ -15,34 +15,40 @@ from absl import app
 from absl import flags
 import jax
 
-from numerics import operator_snr
+from lowprec.numerics import operator_snr
 
-_RECIPES = flags.DEFINE_list(
-    "recipes", ["bf16", "fp8", "mxfp8", "mxfp4_1d2d", "mxfp4_rht", "mxfp4", "nvfp4"],
-    "recipes to measure")
-_TOKENS = flags.DEFINE_integer("tokens", 2048, "rows of X and dO")
-_K = flags.DEFINE_integer("k", 1024, "input features")
-_N = flags.DEFINE_integer("n", 1024, "output features")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "independent draws averaged")
-_RATE = flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli outlier rate")
-_EXPERTS = flags.DEFINE_integer(
-    "experts", 0, "0: a Linear GEMM; E > 0: also a grouped expert GEMM over E experts "
-    "(X E x tokens x K, W E x K x N)")
+
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_list(
+      "recipes", ["bf16", "fp8", "mxfp8", "mxfp4_1d2d", "mxfp4_rht", "mxfp4", "nvfp4"],
+      "recipes to measure")
+  flags.DEFINE_integer("tokens", 2048, "rows of X and dO")
+  flags.DEFINE_integer("k", 1024, "input features")
+  flags.DEFINE_integer("n", 1024, "output features")
+  flags.DEFINE_integer("repeats", 3, "independent draws averaged")
+  flags.DEFINE_float("outlier_rate", 0.005, "Bernoulli outlier rate")
+  flags.DEFINE_integer(
+      "experts", 0, "0: a Linear GEMM; E > 0: also a grouped expert GEMM over E experts "
+      "(X E x tokens x K, W E x K x N)")
 
 
 def main(argv):
   del argv
-  print(f"X {_TOKENS.value}x{_K.value}, W {_K.value}x{_N.value}, outlier rate "
-        f"{_RATE.value}, mean of {_REPEATS.value} draws")
+  print(f"X {flags.FLAGS.tokens}x{flags.FLAGS.k}, W {flags.FLAGS.k}x{flags.FLAGS.n}, outlier rate "
+        f"{flags.FLAGS.outlier_rate}, mean of {flags.FLAGS.repeats} draws")
   print(f"{'recipe':12s} {'GEMM':8s} {'forward':>8s} {'dgrad':>8s} {'wgrad':>8s}")
-  for r in _RECIPES.value:
-    for gemm, experts in (("linear", 0),) + ((("grouped", _EXPERTS.value),)
-                                             if _EXPERTS.value else ()):
-      s = operator_snr.snr(r, tokens=_TOKENS.value, k=_K.value, n=_N.value, experts=experts,
-                   key=jax.random.key(0), outlier_rate=_RATE.value,
-                   repeats=_REPEATS.value)
+  for r in flags.FLAGS.recipes:
+    for gemm, experts in (("linear", 0),) + ((("grouped", flags.FLAGS.experts),)
+                                             if flags.FLAGS.experts else ()):
+      s = operator_snr.snr(r, tokens=flags.FLAGS.tokens, k=flags.FLAGS.k,
+                           n=flags.FLAGS.n, experts=experts, key=jax.random.key(0),
+                           outlier_rate=flags.FLAGS.outlier_rate,
+                           repeats=flags.FLAGS.repeats)
       print(f"{r:12s} {gemm:8s} {s['forward']:8.2f} {s['dgrad']:8.2f} {s['wgrad']:8.2f}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -24,7 +24,7 @@ once ``--time_budget_s`` is spent):
    quick-start LM (experiments.lm's defaults: d_model 128, 2 layers, 4 heads, d_ff
    512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
    kernels dispatched as on a user's machine, as a ratio to bf16; ``mxfp8 (jnp)`` is
-   mxfp8 with NUMERICS_KERNELS=jnp, and ``pallas_calls`` counts the kernels in the step.
+   mxfp8 traced with ``kernels.implementation("jnp")``, and ``pallas_calls`` counts the kernels in the step.
 
 Timings: each call is dispatched ``--iters`` times back to back and the mean taken (so
 Python dispatch overlaps device work), the best of ``--repeats``; compare ratios.
@@ -55,34 +55,13 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import optax  # pylint: disable=wrong-import-position
 
-import numerics  # pylint: disable=wrong-import-position
-from numerics import kernels  # pylint: disable=wrong-import-position
-from numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
-from numerics.kernels import compile_check  # pylint: disable=wrong-import-position
-from numerics.kernels import dispatch  # pylint: disable=wrong-import-position
+from lowprec import numerics  # pylint: disable=wrong-import-position
+from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
+from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
+from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
-from models import transformer  # pylint: disable=wrong-import-position
-
-_OUT = flags.DEFINE_string("out", "device_check.json", "where to write the JSON")
-_INTERPRET = flags.DEFINE_bool("interpret", False,
-                               "CPU smoke run: interpret mode, tiny shapes")
-_SKIP_TESTS = flags.DEFINE_bool("skip_tests", False, "skip the correctness stage")
-_SKIP_BENCH = flags.DEFINE_bool("skip_bench", False, "skip the throughput stage")
-_SKIP_TRAIN = flags.DEFINE_bool("skip_train", False, "skip the training-step stage")
-_ROWS = flags.DEFINE_integer("rows", 8192, "rows of the quantized array")
-_COLS = flags.DEFINE_integer("cols", 8192, "columns of the quantized array")
-_MM = flags.DEFINE_integer("mm", 4096, "M = N = K of the timed matmul")
-# fp32 is no kernel recipe; fp8_delayed carries state the timed step does not thread.
-_RECIPES = flags.DEFINE_list("recipes", [r for r in recipes_lib.names()
-                                         if r not in ("fp32", "fp8_delayed")],
-                             "recipes of the training-step stage (bf16 is always added)")
-_KERNELS = flags.DEFINE_list("kernels", [], "quantize kernels to time (default: all)")
-_ITERS = flags.DEFINE_integer("iters", 20, "calls per timing")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "timings per measurement (best kept)")
-_BUDGET = flags.DEFINE_float("time_budget_s", 450.0,
-                             "skip remaining stages after this many seconds")
-_TEST_TIMEOUT = flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
+from lowprec.models import transformer  # pylint: disable=wrong-import-position
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -186,7 +165,7 @@ def _vs_estimate(rec: dict) -> str:
 
 def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict, dict]:
   """(bandwidth, kernels, matmul) records."""
-  rows, cols = (256, 512) if interpret else (_ROWS.value, _COLS.value)
+  rows, cols = (256, 512) if interpret else (flags.FLAGS.rows, flags.FLAGS.cols)
   n = rows * cols
   target = None if interpret else device_target(jax.devices()[0].device_kind)
   x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
@@ -230,12 +209,12 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
           lambda x, k, m: kernels.nvfp4_quantize_dequantize_blocks(
               x, axis=-2, rounding="stochastic", key=k, **m)[0], 12 * n),
   }
-  unknown = set(_KERNELS.value) - set(cases)
+  unknown = set(flags.FLAGS.kernels) - set(cases)
   if unknown:
     raise ValueError(f"unknown --kernels {sorted(unknown)}; known: {sorted(cases)}")
   records = {}
   for name, (fn, nbytes) in cases.items():
-    if _KERNELS.value and name not in _KERNELS.value:
+    if flags.FLAGS.kernels and name not in flags.FLAGS.kernels:
       continue
     rec = {}
     for label, mode in (("kernel", on), ("jnp", off)):
@@ -247,7 +226,7 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
           f"jnp {rec['jnp']['fraction_of_copy']:.2f}{_vs_estimate(rec['kernel'])}",
           flush=True)
 
-  size = 128 if interpret else _MM.value
+  size = 128 if interpret else flags.FLAGS.mm
   ka, kb = jax.random.split(key)
   a = jax.random.normal(ka, (size, size), jnp.float32)
   b = jax.random.normal(kb, (size, size), jnp.float32)
@@ -305,10 +284,8 @@ def _lm_config(interpret: bool) -> dict:
 
 
 def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int) -> dict:
-  """Seconds per jitted LM train step under ``recipe`` with NUMERICS_KERNELS=impl."""
-  previous = os.environ.get(dispatch.ENV_VAR)
-  os.environ[dispatch.ENV_VAR] = impl
-  try:
+  """Seconds per jitted LM train step under ``recipe``, its kernels traced as ``impl``."""
+  with kernels.implementation(impl):
     vocab = 65
     model = recipe_flag.quantized_model(transformer.DecoderLM(
         transformer.TransformerConfig(vocab_size=vocab, d_model=cfg["d_model"],
@@ -338,11 +315,6 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
     jax.block_until_ready(jitted(state, tokens, key))
     compile_s = time.perf_counter() - t0
     seconds = time_call(jitted, state, tokens, key, iters=iters, repeats=repeats)
-  finally:
-    if previous is None:
-      os.environ.pop(dispatch.ENV_VAR, None)
-    else:
-      os.environ[dispatch.ENV_VAR] = previous
   return {"ms": seconds * 1e3, "compile_s": compile_s, "pallas_calls": pallas_calls,
           "kernels": impl}
 
@@ -370,18 +342,42 @@ def run_train(interpret: bool, recipes: list[str], clock: _Clock, iters: int,
   return out
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_string("out", "device_check.json", "where to write the JSON")
+  flags.DEFINE_bool("interpret", False,
+                    "CPU smoke run: interpret mode, tiny shapes")
+  flags.DEFINE_bool("skip_tests", False, "skip the correctness stage")
+  flags.DEFINE_bool("skip_bench", False, "skip the throughput stage")
+  flags.DEFINE_bool("skip_train", False, "skip the training-step stage")
+  flags.DEFINE_integer("rows", 8192, "rows of the quantized array")
+  flags.DEFINE_integer("cols", 8192, "columns of the quantized array")
+  flags.DEFINE_integer("mm", 4096, "M = N = K of the timed matmul")
+  # fp32 is no kernel recipe; fp8_delayed carries state the timed step does not thread.
+  flags.DEFINE_list("recipes", [r for r in recipes_lib.names()
+                                if r not in ("fp32", "fp8_delayed")],
+                    "recipes of the training-step stage (bf16 is always added)")
+  flags.DEFINE_list("kernels", [], "quantize kernels to time (default: all)")
+  flags.DEFINE_integer("iters", 20, "calls per timing")
+  flags.DEFINE_integer("repeats", 5, "timings per measurement (best kept)")
+  flags.DEFINE_float("time_budget_s", 450.0,
+                     "skip remaining stages after this many seconds")
+  flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
+
+
 def main(argv):
   del argv
-  interpret = _INTERPRET.value
-  clock = _Clock(_BUDGET.value)
-  iters, repeats = (2, 1) if interpret else (_ITERS.value, _REPEATS.value)
+  interpret = flags.FLAGS.interpret
+  clock = _Clock(flags.FLAGS.time_budget_s)
+  iters, repeats = (2, 1) if interpret else (flags.FLAGS.iters, flags.FLAGS.repeats)
   report = {"argv": sys.argv, "git": run_metadata.git_state(), "jax": jax.__version__,
             "interpret": interpret, "skipped": []}
-  if _SKIP_TESTS.value:
+  if flags.FLAGS.skip_tests:
     report["skipped"].append("correctness")
   else:  # before this process touches the accelerator
     report["correctness"] = run_correctness(
-        interpret, min(_TEST_TIMEOUT.value, max(clock.left(), 1.0)))
+        interpret, min(flags.FLAGS.test_timeout_s, max(clock.left(), 1.0)))
     print(f"correctness: {report['correctness'].get('counts')} "
           f"(exit {report['correctness'].get('exit_code')})", flush=True)
   dev = jax.devices()[0]
@@ -392,23 +388,24 @@ def main(argv):
   if not interpret and jax.default_backend() not in ("gpu", "tpu"):
     print("no accelerator: run with --interpret for a CPU smoke run")
     return 1
-  if _SKIP_BENCH.value or clock.left() <= 0:
+  if flags.FLAGS.skip_bench or clock.left() <= 0:
     report["skipped"].append("throughput")
   else:
     report["bandwidth"], report["kernels"], report["matmul"] = run_bandwidth(
         interpret, iters, repeats)
-  if _SKIP_TRAIN.value or clock.left() <= 0:
+  if flags.FLAGS.skip_train or clock.left() <= 0:
     report["skipped"].append("train_step")
   else:
-    report["train_step"] = run_train(interpret, list(_RECIPES.value), clock, iters,
+    report["train_step"] = run_train(interpret, list(flags.FLAGS.recipes), clock, iters,
                                       repeats)
   report["elapsed_s"] = clock.elapsed()
-  with open(_OUT.value, "w") as f:
+  with open(flags.FLAGS.out, "w") as f:
     json.dump(report, f, indent=2, sort_keys=True)
-  print(f"wrote {_OUT.value} ({report['elapsed_s']:.0f} s)")
+  print(f"wrote {flags.FLAGS.out} ({report['elapsed_s']:.0f} s)")
   failed = report.get("correctness", {}).get("exit_code") not in (0, None)
   return 1 if failed else 0
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -39,21 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import models
-import numerics
-from numerics import kernels
-from numerics import qdot
-from numerics import quantizer
-
-_RECIPES = flags.DEFINE_list("recipes", ["bf16", "fp32", "mxfp8", "nvfp4"],
-                             "recipes to time")
-_WIDTH = flags.DEFINE_integer("width", 1024, "MLP width")
-_LAYERS = flags.DEFINE_integer("layers", 4, "MLP layers")
-_BATCH = flags.DEFINE_integer("batch", 512, "batch size")
-_SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "float32 elements to quantize")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "rounds of timed calls")
-_PARTS = flags.DEFINE_list("parts", ["step", "telemetry", "quantize"],
-                           "what to time: step, telemetry, operands, quantize")
+from lowprec import models
+from lowprec import numerics
+from lowprec.numerics import kernels
+from lowprec.numerics import qdot
+from lowprec.numerics import quantizer
 
 
 class MLP(nn.Module):
@@ -92,8 +82,8 @@ def interleaved_min(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str
 
 def train_step(model: nn.Module, sow: bool = False) -> Callable[[], Any]:
   """A no-argument call of one jitted Adam training step of ``model``."""
-  x = jax.random.normal(jax.random.key(0), (_BATCH.value, _WIDTH.value))
-  y = jax.random.normal(jax.random.key(1), (_BATCH.value, _WIDTH.value))
+  x = jax.random.normal(jax.random.key(0), (flags.FLAGS.batch, flags.FLAGS.width))
+  y = jax.random.normal(jax.random.key(1), (flags.FLAGS.batch, flags.FLAGS.width))
   rngs = {"params": jax.random.key(2), "quant": jax.random.key(3)}
   variables = model.init(rngs, x)
   opt = optax.adam(1e-3)
@@ -117,18 +107,32 @@ def train_step(model: nn.Module, sow: bool = False) -> Callable[[], Any]:
 
 
 def quantized_mlp(recipe: Any, telemetry: bool = False) -> nn.Module:
-  return models.quantize_model(MLP(_WIDTH.value, _LAYERS.value),
+  return models.quantize_model(MLP(flags.FLAGS.width, flags.FLAGS.layers),
                                [models.Rule(".*", recipe)], telemetry=telemetry)
+
+
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_list("recipes", ["bf16", "fp32", "mxfp8", "nvfp4"],
+                    "recipes to time")
+  flags.DEFINE_integer("width", 1024, "MLP width")
+  flags.DEFINE_integer("layers", 4, "MLP layers")
+  flags.DEFINE_integer("batch", 512, "batch size")
+  flags.DEFINE_integer("size", 16 * 1024 * 1024, "float32 elements to quantize")
+  flags.DEFINE_integer("repeats", 5, "rounds of timed calls")
+  flags.DEFINE_list("parts", ["step", "telemetry", "quantize"],
+                    "what to time: step, telemetry, operands, quantize")
 
 
 def main(argv):
   del argv
-  r = _REPEATS.value
-  print(f"{jax.devices()[0].platform}; MLP {_LAYERS.value} x {_WIDTH.value}, batch "
-        f"{_BATCH.value}; fastest of {r} interleaved rounds")
-  if "step" in _PARTS.value:
+  r = flags.FLAGS.repeats
+  print(f"{jax.devices()[0].platform}; MLP {flags.FLAGS.layers} x {flags.FLAGS.width}, batch "
+        f"{flags.FLAGS.batch}; fastest of {r} interleaved rounds")
+  if "step" in flags.FLAGS.parts:
     times = interleaved_times({name: train_step(quantized_mlp(name))
-                               for name in _RECIPES.value}, r)
+                               for name in flags.FLAGS.recipes}, r)
     base_name = "bf16" if "bf16" in times else next(iter(times))
     base = times[base_name]
     print(f"{'train step':20s} {'fastest ms':>10s} {'/ ' + base_name:>8s}   per-round "
@@ -137,9 +141,9 @@ def main(argv):
       ratio = t / base
       print(f"{name:20s} {t.min() * 1e3:10.1f} {t.min() / base.min():8.2f}   "
             f"{np.median(ratio):.2f} [{ratio.min():.2f}, {ratio.max():.2f}]")
-  if "telemetry" in _PARTS.value:
+  if "telemetry" in flags.FLAGS.parts:
     recipe = "nvfp4"
-    by_hand = MLP(_WIDTH.value, _LAYERS.value,
+    by_hand = MLP(flags.FLAGS.width, flags.FLAGS.layers,
                   dot_general=qdot.make_dot_general(recipe, key=jax.random.key(5)))
     t = interleaved_min({"by hand": train_step(by_hand),
                          "off": train_step(quantized_mlp(recipe)),
@@ -148,9 +152,9 @@ def main(argv):
     print(f"{recipe} step, quantize_model telemetry off / qdot injected by hand: "
           f"{t['off'] / t['by hand']:.2f}")
     print(f"{recipe} step, telemetry on / off: {t['on'] / t['off']:.2f}")
-  if "operands" in _PARTS.value:
-    x = jax.random.normal(jax.random.key(0), (_BATCH.value, _WIDTH.value))
-    w = jax.random.normal(jax.random.key(1), (_WIDTH.value, _WIDTH.value))
+  if "operands" in flags.FLAGS.parts:
+    x = jax.random.normal(jax.random.key(0), (flags.FLAGS.batch, flags.FLAGS.width))
+    w = jax.random.normal(jax.random.key(1), (flags.FLAGS.width, flags.FLAGS.width))
     k = jax.random.key(2)
     nearest = quantizer.QuantSpec("nvfp4")
     stochastic = quantizer.QuantSpec("nvfp4", rounding="stochastic")
@@ -167,11 +171,11 @@ def main(argv):
     }
     t = interleaved_min({name: (lambda f=f: f(x, w, k)) for name, f in ops.items()}, r)
     gemm = t["bf16 GEMM"]
-    print(f"per ({_BATCH.value}, {_WIDTH.value}) operand {'ms':>8s} {'/ GEMM':>8s}")
+    print(f"per ({flags.FLAGS.batch}, {flags.FLAGS.width}) operand {'ms':>8s} {'/ GEMM':>8s}")
     for name, v in t.items():
       print(f"{name:36s} {v * 1e3:8.3f} {v / gemm:8.2f}")
-  if "quantize" in _PARTS.value:
-    x = jax.random.normal(jax.random.key(0), (_SIZE.value // 1024, 1024))
+  if "quantize" in flags.FLAGS.parts:
+    x = jax.random.normal(jax.random.key(0), (flags.FLAGS.size // 1024, 1024))
     spec = quantizer.QuantSpec("nvfp4")
     ops = {
         "copy (x + 1)": jax.jit(lambda x: x + 1.0),
@@ -185,11 +189,12 @@ def main(argv):
     }
     t = interleaved_min({name: (lambda f=f: f(x)) for name, f in ops.items()}, r)
     copy = t.pop("copy (x + 1)")
-    print(f"{_SIZE.value} float32 elements; copy {copy * 1e3:.1f} ms")
+    print(f"{flags.FLAGS.size} float32 elements; copy {copy * 1e3:.1f} ms")
     print(f"{'op':36s} {'time / copy':>12s} {'copy / time':>12s}")
     for name, v in t.items():
       print(f"{name:36s} {v / copy:12.2f} {copy / v:12.2f}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -15,11 +15,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-import numerics
-from numerics import benchmarking
-
-_SIZE = flags.DEFINE_integer("size", 16 * 1024 * 1024, "number of float32 elements")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "timed calls per op (the minimum is kept)")
+from lowprec import numerics
+from lowprec.numerics import benchmarking
 
 
 def _time(fn, *args, repeats: int) -> float:
@@ -61,11 +58,18 @@ def run(size: int, repeats: int) -> tuple[list[tuple[str, float]], float]:
   return [(name, t / base) for name, t in times.items()], base
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_integer("size", 16 * 1024 * 1024, "number of float32 elements")
+  flags.DEFINE_integer("repeats", 7, "timed calls per op (the minimum is kept)")
+
+
 def main(argv):
   del argv
-  rows, base = run(_SIZE.value, _REPEATS.value)
-  print(f"{_SIZE.value} float32 elements; copy takes {base * 1e3:.1f} ms "
-        f"({2 * 4 * _SIZE.value / base / 1e9:.2f} GB/s read+write) on "
+  rows, base = run(flags.FLAGS.size, flags.FLAGS.repeats)
+  print(f"{flags.FLAGS.size} float32 elements; copy takes {base * 1e3:.1f} ms "
+        f"({2 * 4 * flags.FLAGS.size / base / 1e9:.2f} GB/s read+write) on "
         f"{jax.devices()[0].platform}")
   print(f"{'op':40s} {'time / copy':>12s} {'copy / time':>12s}")
   for name, r in rows:
@@ -79,4 +83,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -20,23 +20,16 @@ import jax
 import optax
 
 from experiments.common import recipe_flag
-from models import transformer
-
-_RECIPES = flags.DEFINE_list("recipes", ["bf16", "mxfp8", "mxfp4"], "recipes to time")
-_D_MODEL = flags.DEFINE_integer("d_model", 256, "model width")
-_LAYERS = flags.DEFINE_integer("layers", 4, "transformer blocks")
-_BATCH = flags.DEFINE_integer("batch", 8, "sequences per step")
-_SEQ = flags.DEFINE_integer("seq", 256, "tokens per sequence")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "timed steps per recipe (min is kept)")
+from lowprec.models import transformer
 
 
 def step_time(recipe: str, repeats: int) -> float:
   """Seconds per jitted train step (minimum over ``repeats``) under ``recipe``."""
-  cfg = transformer.TransformerConfig(vocab_size=256, d_model=_D_MODEL.value,
-                                      num_layers=_LAYERS.value, num_heads=4,
-                                      d_ff=4 * _D_MODEL.value, max_len=_SEQ.value)
+  cfg = transformer.TransformerConfig(vocab_size=256, d_model=flags.FLAGS.d_model,
+                                      num_layers=flags.FLAGS.layers, num_heads=4,
+                                      d_ff=4 * flags.FLAGS.d_model, max_len=flags.FLAGS.seq)
   model = recipe_flag.quantized_model(transformer.DecoderLM(cfg), recipe)
-  tokens = jax.random.randint(jax.random.key(0), (_BATCH.value, _SEQ.value + 1), 0, 256)
+  tokens = jax.random.randint(jax.random.key(0), (flags.FLAGS.batch, flags.FLAGS.seq + 1), 0, 256)
   params = model.init(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
   opt = optax.adam(1e-3)
   state = (params, opt.init(params))
@@ -63,16 +56,28 @@ def step_time(recipe: str, repeats: int) -> float:
   return best
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_list("recipes", ["bf16", "mxfp8", "mxfp4"], "recipes to time")
+  flags.DEFINE_integer("d_model", 256, "model width")
+  flags.DEFINE_integer("layers", 4, "transformer blocks")
+  flags.DEFINE_integer("batch", 8, "sequences per step")
+  flags.DEFINE_integer("seq", 256, "tokens per sequence")
+  flags.DEFINE_integer("repeats", 5, "timed steps per recipe (min is kept)")
+
+
 def main(argv):
   del argv
-  times = {r: step_time(r, _REPEATS.value) for r in _RECIPES.value}
+  times = {r: step_time(r, flags.FLAGS.repeats) for r in flags.FLAGS.recipes}
   base = times.get("bf16") or next(iter(times.values()))
-  print(f"d_model {_D_MODEL.value}, {_LAYERS.value} layers, batch {_BATCH.value} x "
-        f"{_SEQ.value} tokens, {jax.devices()[0].platform}")
+  print(f"d_model {flags.FLAGS.d_model}, {flags.FLAGS.layers} layers, batch {flags.FLAGS.batch} x "
+        f"{flags.FLAGS.seq} tokens, {jax.devices()[0].platform}")
   print(f"{'recipe':12s} {'step ms':>9s} {'/ bf16':>8s}")
   for r, t in times.items():
     print(f"{r:12s} {t * 1e3:9.1f} {t / base:8.2f}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -2,9 +2,12 @@
 
 One checkpoint is a Composite of two items: ``state`` (the array pytree: params,
 optimizer state, step counter and the loop's PRNG key) and ``meta`` (JSON: step, the
-data iterator's position, the loop's record of the run so far and a SHA-256 of every
-array). Saves are synchronous: the train step donates its state buffers, and a
-synchronous save guarantees they are on disk before they are reused.
+data iterator's position, the loop's record of the run so far, a SHA-256 of every
+array and, when the checkpointer is given one, the run's config, so a resume can be
+checked against the config the arrays were trained with even when ``config.json`` is
+gone: :func:`experiments.common.workdir.claim`). Saves are synchronous: the train step
+donates its state buffers, and a synchronous save guarantees they are on disk before
+they are reused.
 
 Integrity: :meth:`Checkpointer.restore` recomputes every array's checksum and compares
 it with the one recorded when the checkpoint was written;
@@ -34,6 +37,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+
+from experiments.common import run_metadata
 
 
 class Snapshot(NamedTuple):
@@ -80,13 +85,15 @@ def array_checksums(tree: Any) -> dict[str, str] | None:
 class Checkpointer:
   """A thin wrapper over ``ocp.CheckpointManager`` for :class:`Snapshot`."""
 
-  def __init__(self, directory: str, *, max_to_keep: int = 2):
+  def __init__(self, directory: str, *, max_to_keep: int = 2, config: Any = None):
+    """``config``: the run's config dataclass, recorded in every checkpoint it saves."""
     if not os.path.isabs(directory):
       raise ValueError(f"checkpoint directory must be absolute (orbax requires it): {directory}")
     if max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
     self.directory = directory
     self.max_to_keep = max_to_keep
+    self._config = None if config is None else run_metadata.config_record(config)
     # Retention is ours (see the module docstring), so orbax keeps everything.
     self._manager = ocp.CheckpointManager(
         directory,
@@ -108,6 +115,8 @@ class Checkpointer:
     self._check_space(snapshot.step, trees)
     meta = {"step": int(snapshot.step), "data_position": int(snapshot.data_position),
             "record": dict(snapshot.record), "checksums": array_checksums(trees)}
+    if self._config is not None:
+      meta["config"] = self._config
     self._manager.save(snapshot.step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(trees), meta=ocp.args.JsonSave(meta)), force=True)
     self._manager.wait_until_finished()
@@ -134,13 +143,27 @@ class Checkpointer:
       if s > step:
         self._manager.delete(s)
 
-  def _healthy(self, step: int) -> bool:
+  def _meta(self, step: int) -> dict[str, Any] | None:
+    """The JSON metadata of ``step``, or None when it cannot be read."""
     try:
       meta = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore())).meta
-    except Exception:  # pylint: disable=broad-except  (unreadable: not a keeper)
-      return False
-    return bool(meta.get("record", {}).get("healthy", True))
+    except Exception:  # pylint: disable=broad-except  (unreadable: treated as absent)
+      return None
+    return meta if isinstance(meta, dict) else None
+
+  def _healthy(self, step: int) -> bool:
+    meta = self._meta(step)
+    return meta is not None and bool(meta.get("record", {}).get("healthy", True))
+
+  def recorded_config(self) -> dict[str, Any] | None:
+    """The config record (``{"config_class", "config"}``) of the newest checkpoint whose
+    metadata reads back; None when none records one (saved without a ``config``)."""
+    for step in reversed(self.all_steps()):
+      meta = self._meta(step)
+      if meta is not None:
+        return meta.get("config")
+    return None
 
   def _prune(self) -> None:
     steps = self.all_steps()

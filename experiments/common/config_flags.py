@@ -127,15 +127,17 @@ def config_from_flags(cls: type[T], flag_values: flags.FlagValues = flags.FLAGS)
   return cls(**{f.name: getattr(flag_values, f.name) for f in dataclasses.fields(cls)})
 
 
+def flag_value(value: Any) -> str:
+  """A config value as its flag (and ``--override``) spells it."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  return str(value)
+
+
 def config_to_flags(config: Any) -> list[str]:
   """``--name=value`` for every field of a config instance (what a launcher passes)."""
-  out = []
-  for f in dataclasses.fields(config):
-    value = getattr(config, f.name)
-    if isinstance(value, bool):
-      value = "true" if value else "false"
-    out.append(f"--{f.name}={value}")
-  return out
+  return [f"--{f.name}={flag_value(getattr(config, f.name))}"
+          for f in dataclasses.fields(config)]
 
 
 def replace_checked(config: T, overrides: dict[str, Any]) -> T:

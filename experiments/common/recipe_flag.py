@@ -16,10 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models import quantization
-from models.transformer import DotGeneral, fp32_dot_general
-from numerics import qdot
-from numerics import recipes as recipes_lib
+from lowprec.models import quantization
+from lowprec.models.transformer import DotGeneral, fp32_dot_general
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
 
 
 def available_recipes() -> tuple[str, ...]:
@@ -51,7 +51,7 @@ def model_rules(recipe: str | recipes_lib.Recipe) -> tuple[quantization.Rule, ..
   r = _recipe(recipe)
   if r == recipes_lib.get("fp32"):
     return ()
-  return (quantization.Rule(r"(.*/)?router", "bf16"),
+  return (quantization.Rule(r"(.*/)?router", "bf16", required=False),  # MoE models only
           quantization.Rule(r"block_\d+", "bf16"),
           quantization.Rule("head", "bf16"),
           quantization.Rule(".*", recipe))
@@ -67,10 +67,7 @@ def looped_rules(recipe: str | recipes_lib.Recipe) -> tuple[quantization.Rule, .
 def quantized_model(model: Any, recipe: str | recipes_lib.Recipe, *,
                     telemetry: bool = False) -> Any:
   """``model`` (a ``DecoderLM``) quantized by :func:`model_rules` (``recipe``)."""
-  # The rule list serves dense and mixture-of-experts models alike (the router rule
-  # matches nothing in a dense one), so unmatched rules are expected here.
-  return quantization.quantize_model(model, model_rules(recipe), telemetry=telemetry,
-                                     unused_rules="ignore")
+  return quantization.quantize_model(model, model_rules(recipe), telemetry=telemetry)
 
 
 def recipe_dot_general(recipe: str | recipes_lib.Recipe) -> DotGeneral:

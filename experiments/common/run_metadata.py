@@ -43,7 +43,8 @@ def git_state(repo_dir: str = REPO_DIR) -> dict[str, Any]:
 
 def write_run_metadata(workdir: str, config: Any, run_options: Any,
                        extra: dict[str, Any] | None = None) -> str:
-  """Writes ``<workdir>/config.json`` (config, options, git, argv, versions); returns its path."""
+  """Writes ``<workdir>/config.json`` (config, options, git, argv, versions, and the
+  other commits earlier processes of this run recorded); returns its path."""
   import jax  # pylint: disable=import-outside-toplevel
   os.makedirs(workdir, exist_ok=True)
   options = dataclasses.asdict(run_options)
@@ -61,6 +62,14 @@ def write_run_metadata(workdir: str, config: Any, run_options: Any,
       "backend": jax.default_backend(),
       "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
   }
+  # A resume rewrites the record: the commits earlier processes of the run ran from
+  # stay listed (the checkpoints and results row hold them by step).
+  earlier = read_record(workdir) or {}
+  history = list(earlier.get("earlier_git", []))
+  if earlier.get("git") and earlier["git"] != record["git"]:
+    history.append(earlier["git"])
+  if history:
+    record["earlier_git"] = history
   record.update(extra or {})
   path = os.path.join(workdir, "config.json")
   tmp = path + ".tmp"
@@ -70,24 +79,37 @@ def write_run_metadata(workdir: str, config: Any, run_options: Any,
   return path
 
 
-def config_differences(workdir: str, config: Any) -> list[str]:
-  """How ``config`` differs from the one recorded in ``<workdir>/config.json``.
-
-  One line per differing field (``name: recorded X, now Y``), plus one if the config
-  class differs; empty when they agree or nothing is recorded.
-  """
+def read_record(workdir: str) -> dict[str, Any] | None:
+  """``<workdir>/config.json`` as written by :func:`write_run_metadata`; None when it is
+  missing or not a JSON object (a write cut short)."""
   path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    record = json.load(f)
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return record if isinstance(record, dict) else None
+
+
+def config_record(config: Any) -> dict[str, Any]:
+  """``{"config_class", "config"}`` of ``config`` as JSON reads it back (tuples as lists),
+  so a record compares equal to a reloaded one."""
+  return {"config_class": f"{type(config).__module__}.{type(config).__qualname__}",
+          "config": json.loads(json.dumps(dataclasses.asdict(config)))}
+
+
+def differences(recorded: dict[str, Any], config: Any) -> list[str]:
+  """How ``config`` differs from ``recorded`` (a :func:`config_record`, or a config.json
+  holding one): one line per differing field (``name: recorded X, now Y``), plus one if
+  the config class differs; empty when they agree."""
+  now = config_record(config)
   out = []
-  cls = f"{type(config).__module__}.{type(config).__qualname__}"
-  if record.get("config_class", cls) != cls:
-    out.append(f"config class: recorded {record['config_class']}, now {cls}")
-  recorded, now = record.get("config", {}), dataclasses.asdict(config)
-  for name in sorted(set(recorded) | set(now)):
-    if recorded.get(name, "<absent>") != now.get(name, "<absent>"):
-      out.append(f"{name}: recorded {recorded.get(name, '<absent>')!r}, now "
-                 f"{now.get(name, '<absent>')!r}")
+  cls = now["config_class"]
+  if recorded.get("config_class", cls) != cls:
+    out.append(f"config class: recorded {recorded['config_class']}, now {cls}")
+  old, new = recorded.get("config", {}), now["config"]
+  for name in sorted(set(old) | set(new)):
+    if old.get(name, "<absent>") != new.get(name, "<absent>"):
+      out.append(f"{name}: recorded {old.get(name, '<absent>')!r}, now "
+                 f"{new.get(name, '<absent>')!r}")
   return out

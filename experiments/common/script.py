@@ -24,10 +24,13 @@ from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.run_options import RunOptions, resolve_run_options
 
 # Exit statuses of an experiment script (documented in the README):
-# 0 completed (or already completed: nothing written); 1 an error; 2 a usage or config
-# error before training; 75 stopped early with a checkpoint (preempted: rerun with
-# --resume); 74 (EX_IOERR) out of disk space.
+# 0 completed (or already completed: nothing trained, its results row restored if it
+# was lost); 1 an error; 2 a usage or config error, or a refusal, before training;
+# 75 stopped early with a checkpoint (preempted by SIGTERM or Ctrl-C: rerun with
+# --resume); 74 (EX_IOERR) out of disk space; 130 a second Ctrl-C, or one before the
+# loop (no new checkpoint).
 DISK_FULL_EXIT_CODE = 74
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 TrainFn = Callable[[Any, RunOptions], dict[str, Any]]
 
@@ -66,10 +69,17 @@ def print_run(summary: dict[str, Any], options: RunOptions) -> None:
     print(f"results row:        {_shown(options.results_file)}")
   else:
     print("no results row (stopped early); continue with --resume")
-  # The parent directory: TensorBoard then names the run after its directory and fills
-  # the HParams table from every run's session there.
-  print(f"view: tensorboard --logdir {_shown(os.path.dirname(workdir))} --host 127.0.0.1 "
-        f"--port 6006   (this run: {os.path.basename(workdir)})")
+  print(f"view: tensorboard --logdir {_shown(view_dir(workdir, summary['experiment']))} "
+        f"--host 127.0.0.1 --port 6006   (this run: {os.path.basename(workdir)})")
+
+
+def view_dir(workdir: str, experiment: str) -> str:
+  """The directory to point TensorBoard at for a run: its experiment's directory when
+  the run sits in the default layout (``runs/<experiment>/<run>``: TensorBoard then
+  names each run after its directory and fills the HParams table from all of them),
+  else the run's own directory (never an arbitrary parent)."""
+  parent = os.path.dirname(os.path.abspath(workdir))
+  return parent if os.path.basename(parent) == experiment else workdir
 
 
 def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
@@ -94,9 +104,16 @@ def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
     except workdir_lib.RunAlreadyCompleted as e:
       print(e)
       sys.exit(0)
-    except (workdir_lib.WorkdirInUse, FileExistsError) as e:
+    except (workdir_lib.WorkdirInUse, workdir_lib.RunRefused, FileExistsError) as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+    except KeyboardInterrupt:
+      # Ctrl-C inside the loop checkpoints (a preemption); this is one outside it, or
+      # a second one that stopped the checkpoint: say where the run can go on from.
+      print(f"interrupted (Ctrl-C) with no new checkpoint; last good checkpoint: "
+            f"{_last_checkpoint(options.workdir)}. Rerun with --resume to continue.",
+            file=sys.stderr)
+      sys.exit(INTERRUPTED_EXIT_CODE)
     except BaseException as e:  # pylint: disable=broad-except
       if _disk_full(e):
         print(f"error: no space left on device while writing the run in "

@@ -123,5 +123,9 @@ def arm_overrides(info: dict[str, Any], arm: str) -> dict[str, Any]:
 
 
 def config_value(info: dict[str, Any], arm: str, field: str) -> Any:
-  """A config field's value in arm ``arm``: its override, else the base config's."""
+  """A config field's value in arm ``arm``: the sweep's ``--override`` of it, else the
+  arm's override, else the base config's."""
+  overrides = info.get("overrides") or {}
+  if field in overrides:
+    return overrides[field]
   return arm_overrides(info, arm).get(field, info["base"][field])

@@ -1,11 +1,26 @@
-"""Reads a run's TensorBoard events back (for tests and the sweep report)."""
+"""Reads a run's TensorBoard events back (for tests and the sweep report).
+
+Damaged event files. TensorBoard's reader stops at the first record that fails its
+checksum and drops the rest of the file without a word. Here each event file is
+checked record by record first (TFRecord framing: length, its CRC-32C, data, its
+CRC-32C); a damaged span is skipped up to the next intact record, every record after
+it is read, and the span is reported (:func:`event_file_damage`, the ``problems``
+argument of the readers, and a warning). Files without damage are read as they are.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import shutil
+import struct
+import tempfile
+from typing import Any, NamedTuple
 
 import numpy as np
+from absl import logging
+from tensorboard.backend.event_processing import io_wrapper
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -16,10 +31,117 @@ _KEEP_ALL = {"scalars": 0, "tensors": 0, "histograms": 0, "images": 0,
              "compressedHistograms": 0}
 
 
-def load(logdir: str) -> EventAccumulator:
-  """An EventAccumulator over the event files directly in ``logdir``, fully loaded."""
-  acc = EventAccumulator(logdir, size_guidance=_KEEP_ALL)
-  acc.Reload()
+class EventFileDamage(NamedTuple):
+  """Bytes ``[offset, offset + length)`` of the event file ``path`` hold no intact record."""
+
+  path: str
+  offset: int
+  length: int
+  reason: str
+
+  def __str__(self) -> str:
+    return (f"{self.path}: bytes {self.offset}-{self.offset + self.length} unreadable "
+            f"({self.reason}), skipped")
+
+
+_HEADER = 12  # uint64 length, uint32 masked CRC-32C of it
+_FOOTER = 4   # uint32 masked CRC-32C of the data
+
+
+def _record_at(data: bytes, pos: int) -> tuple[int, str]:
+  """The end of the intact record at ``pos``, or (-1, why it is not one)."""
+  if len(data) - pos < _HEADER:
+    return -1, "truncated record header"
+  length_bytes = data[pos:pos + 8]
+  if masked_crc32c(length_bytes) != struct.unpack("<I", data[pos + 8:pos + 12])[0]:
+    return -1, "record length fails its CRC-32C"
+  end = pos + _HEADER + struct.unpack("<Q", length_bytes)[0] + _FOOTER
+  if end > len(data):
+    return -1, "truncated record"
+  if masked_crc32c(data[pos + _HEADER:end - _FOOTER]) != struct.unpack(
+      "<I", data[end - _FOOTER:end])[0]:
+    return -1, "record data fails its CRC-32C"
+  return end, ""
+
+
+def _intact_records(path: str) -> tuple[list[tuple[int, int]], list[EventFileDamage]]:
+  """The (start, end) byte ranges of the intact records of ``path``, and its damage."""
+  with open(path, "rb") as f:
+    data = f.read()
+  records, damage, pos = [], [], 0
+  while pos < len(data):
+    end, reason = _record_at(data, pos)
+    if end > 0:
+      records.append((pos, end))
+      pos = end
+      continue
+    nxt = pos + 1  # the next offset where an intact record starts
+    while nxt < len(data) and _record_at(data, nxt)[0] < 0:
+      nxt += 1
+    damage.append(EventFileDamage(path, pos, nxt - pos, reason))
+    pos = nxt
+  return records, damage
+
+
+_checked: dict[tuple[str, int, int], tuple[list[tuple[int, int]], list[EventFileDamage]]] = {}
+
+
+def _checked_file(path: str) -> tuple[list[tuple[int, int]], list[EventFileDamage]]:
+  """:func:`_intact_records`, once per version of the file in this process."""
+  st = os.stat(path)
+  key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+  if key not in _checked:
+    _checked[key] = _intact_records(path)
+  return _checked[key]
+
+
+def _event_files(logdir: str) -> list[str]:
+  """The event files directly in ``logdir`` (TensorBoard's rule), by name."""
+  if not os.path.isdir(logdir):
+    return []
+  return sorted(os.path.join(logdir, f) for f in os.listdir(logdir)
+                if io_wrapper.IsSummaryEventsFile(os.path.join(logdir, f)))
+
+
+def has_event_files(logdir: str) -> bool:
+  """Whether ``logdir`` holds an event file (a run's events are not missing)."""
+  return bool(_event_files(logdir))
+
+
+def event_file_damage(logdir: str) -> list[EventFileDamage]:
+  """Every damaged span of the event files directly in ``logdir`` (empty: none)."""
+  return [d for path in _event_files(logdir) for d in _checked_file(path)[1]]
+
+
+def load(logdir: str, problems: list[EventFileDamage] | None = None) -> EventAccumulator:
+  """An EventAccumulator over the event files directly in ``logdir``, fully loaded.
+
+  A damaged file is read from a copy that holds only its intact records, so the records
+  after the damage are loaded too; the damage is appended to ``problems`` (if given)
+  and logged as a warning.
+  """
+  damage = event_file_damage(logdir)
+  if not damage:
+    acc = EventAccumulator(logdir, size_guidance=_KEEP_ALL)
+    acc.Reload()
+    return acc
+  for d in damage:
+    logging.warning("damaged event file: %s", d)
+  if problems is not None:
+    problems.extend(damage)
+  with tempfile.TemporaryDirectory() as copy:
+    for path in _event_files(logdir):
+      target = os.path.join(copy, os.path.basename(path))
+      records, bad = _checked_file(path)
+      if not bad:
+        shutil.copyfile(path, target)
+        continue
+      with open(path, "rb") as f:
+        data = f.read()
+      with open(target, "wb") as f:
+        f.writelines(data[a:b] for a, b in records)
+    acc = EventAccumulator(copy, size_guidance=_KEEP_ALL)
+    acc.Reload()
   return acc
 
 
@@ -28,11 +150,13 @@ def _by_step(pairs) -> list[tuple[int, float]]:
   return sorted({step: value for step, value in pairs}.items())
 
 
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+def read_scalars(logdir: str, problems: list[EventFileDamage] | None = None
+                 ) -> dict[str, list[tuple[int, float]]]:
   """``tag -> [(step, value), ...]`` sorted by step, one value per step (the last one
   written: a resumed run rewrites the steps an interrupted one logged past its
-  checkpoint, and marks them superseded), from scalars or scalar-tensors."""
-  acc = load(logdir)
+  checkpoint, and marks them superseded), from scalars or scalar-tensors. Damaged
+  event files: see :func:`load`."""
+  acc = load(logdir, problems)
   tags = acc.Tags()
   out: dict[str, list[tuple[int, float]]] = {}
   for tag in tags.get("scalars", []):

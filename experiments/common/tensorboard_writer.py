@@ -16,6 +16,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from absl import logging
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from tensorboard.plugins.hparams import api_pb2 as hparams_api_pb2
@@ -23,6 +24,8 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from experiments.common.tensorboard_reader import event_file_damage
 
 HParamValue = bool | int | float | str
 
@@ -47,8 +50,16 @@ class MetricWriter:
   """Writes one run's events to ``logdir``; a disabled writer (non-zero process) does nothing."""
 
   def __init__(self, logdir: str, *, enabled: bool = True):
+    if enabled:
+      # A resumed run adds a file beside its earlier ones: say if one of those is
+      # damaged, as TensorBoard will stop reading it at the damage without a word.
+      for damage in event_file_damage(logdir):
+        logging.warning("damaged event file in this run's directory: %s. TensorBoard stops "
+                        "reading that file there; the sweep report reads past the damage "
+                        "and names it.", damage)
     self._writer = EventFileWriter(logdir) if enabled else None
     self.logdir = logdir
+    self.scalar_tags: set[str] = set()  # tags this writer has logged a scalar of
 
   @property
   def enabled(self) -> bool:
@@ -61,6 +72,7 @@ class MetricWriter:
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     """One event holding ``tag -> float`` scalars at ``step``."""
+    self.scalar_tags.update(scalars)
     self._add(step, [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
 
   def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray], bins: int = 30

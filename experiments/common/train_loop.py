@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.preemption import PreemptionWatcher
 from experiments.common.progress import ProgressReporter
@@ -192,12 +193,32 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
   return snapshot
 
 
+def _segments(record: Mapping[str, Any], step: int, here: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+  """The run's segments so far (from a resumed checkpoint's record) and this one."""
+  segments = [dict(s) for s in record.get("segments", [])]
+  if step > 0 and not segments:  # checkpointed before segments were recorded
+    segments.append({"step": 0, "commit": "unknown", "dirty": None})
+  if segments:
+    last = segments[-1]
+    if (last.get("commit"), last.get("dirty")) != (here.get("commit"), here.get("dirty")):
+      logging.warning(
+          "resuming at step %d from commit %s%s, but the steps from %d ran from commit "
+          "%s%s: the run now spans commits, and a change between them (a recipe "
+          "default, say) alters what its steps compute. Its results row lists each "
+          "segment and the sweep report names the run.", step, here.get("commit"),
+          " (dirty)" if here.get("dirty") else "", last.get("step", 0),
+          last.get("commit"), " (dirty)" if last.get("dirty") else "")
+  return segments + [{"step": int(step), "commit": here.get("commit"),
+                      "dirty": here.get("dirty")}]
+
+
 def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int], Batch],
              settings: LoopSettings, writer: MetricWriter,
              checkpointer: Checkpointer | None = None,
              evaluate: Callable[[Any], dict[str, float]] | None = None,
              inspect: Callable[[Any], tuple[dict[str, np.ndarray], dict[str, float]]]
-             | None = None) -> LoopResult:
+             | None = None, provenance: Mapping[str, Any] | None = None) -> LoopResult:
   """Trains from ``start`` to ``settings.num_steps``.
 
   Args:
@@ -210,6 +231,11 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     evaluate: params -> ``{name: float}`` eval metrics, logged under ``eval/``.
     inspect: params -> (histograms, scalars) logged as given (weights, quantization
       error), every ``histogram_every`` steps and at the end.
+    provenance: the code this process runs, ``{"commit", "dirty"}`` (default:
+      :func:`experiments.common.run_metadata.git_state`). Each process's part of the
+      run is a *segment*, recorded (start step, commit, dirty) in the checkpoints and
+      the final snapshot's record; resuming from other code than the last segment ran
+      warns, as a change in between (a recipe default, say) alters what the steps do.
 
   Every process of a multi-process job must call this (the jitted computations are SPMD).
   """
@@ -224,6 +250,8 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
   last_train: dict[str, float] = dict(record.get("train_metrics", {}))
   last_eval: dict[str, float] = dict(record.get("eval_metrics", {}))
   timed = record.get("timing", {"steps": 0, "seconds": 0.0})
+  segments = _segments(record, step, dict(run_metadata.git_state() if provenance is None
+                                          else provenance))
   t_start = time.perf_counter()
   first_step_s = None
   if step > 0:
@@ -271,7 +299,7 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
   def loop_record() -> dict[str, Any]:
     loss = last_train.get("loss", math.nan)
     now = progress.timed(step)
-    return {"train_metrics": last_train, "eval_metrics": last_eval,
+    return {"train_metrics": last_train, "eval_metrics": last_eval, "segments": segments,
             "timing": {"steps": timed["steps"] + now[0],
                        "seconds": timed["seconds"] + now[1]},
             "loss": loss if math.isfinite(loss) else None,

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.transformer import DotGeneral
-from numerics import tree_paths
+from lowprec.models.transformer import DotGeneral
+from lowprec.numerics import tree_paths
 
 
 def make_inspector(dot_general: DotGeneral, *, max_kernel_dim: int = 4096,

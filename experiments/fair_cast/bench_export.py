@@ -51,8 +51,8 @@ from experiments.common.results import write_benchmark
 from experiments.common.rl.loop import learner_step_fns
 from experiments.fair_cast.experiment import ExportMonitor, FairCastConfig
 from experiments.fair_cast.sweeps import ROUNDINGS, fair_cast
-from numerics.benchmarking import interleaved, ratio_summary
-from numerics.rl import sampler_copy
+from lowprec.numerics.benchmarking import interleaved, ratio_summary
+from lowprec.numerics.rl import sampler_copy
 
 BASELINE = "update"
 

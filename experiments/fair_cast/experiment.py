@@ -48,8 +48,8 @@ from experiments.common.config_flags import config_field
 from experiments.common.rl import config as rl_config
 from experiments.common.rl import loop
 from experiments.common.run_options import RunOptions
-from numerics import export as export_lib
-from numerics import tree_paths
+from lowprec.numerics import export as export_lib
+from lowprec.numerics import tree_paths
 
 EXPERIMENT = "fair_cast"
 OPTIMIZERS = ("adam", "sgdm")

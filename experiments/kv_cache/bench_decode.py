@@ -21,13 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from experiments.kv_cache.experiment import parse_cache
-from models import kv_cache, sampling
-from models.transformer import DecoderLM, TransformerConfig
+from lowprec.models import kv_cache, sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
 
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
-_BATCH = flags.DEFINE_integer("batch", 128, "Rows decoded at once.")
-_CACHES = flags.DEFINE_list("caches", ["fp32", "bf16", "e4m3/token"],
-                            "Cache formats to time (as --key_cache of the experiment).")
 SHAPES = ((8, 5), (32, 96))  # (prompt_len, num_new)
 
 
@@ -41,6 +37,15 @@ def _best(fns: dict[str, callable], repeats: int) -> dict[str, float]:
   return times
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
+  flags.DEFINE_integer("batch", 128, "Rows decoded at once.")
+  flags.DEFINE_list("caches", ["fp32", "bf16", "e4m3/token"],
+                    "Cache formats to time (as --key_cache of the experiment).")
+
+
 def main(argv):
   del argv
   for prompt_len, num_new in SHAPES:
@@ -49,20 +54,20 @@ def main(argv):
     model = DecoderLM(cfg)
     key = jax.random.PRNGKey(0)
     params = model.init(key, jnp.zeros((1, prompt_len), jnp.int32), key)["params"]
-    prompts = jax.random.randint(jax.random.PRNGKey(1), (_BATCH.value, prompt_len), 0, 14)
+    prompts = jax.random.randint(jax.random.PRNGKey(1), (flags.FLAGS.batch, prompt_len), 0, 14)
     apply = lambda p, t, k: model.apply({"params": p}, t, k)
     fns = {"uncached": jax.jit(lambda p: sampling.sample(apply, p, prompts, num_new,
                                                          key).tokens)}
-    for name in _CACHES.value:
+    for name in flags.FLAGS.caches:
       cm = kv_cache.cached_lm(model, parse_cache(name)[0])
       fns[name] = jax.jit(lambda p, cm=cm: sampling.sample_cached(cm, p, prompts, num_new,
                                                                   key).tokens)
     fns = {name: (lambda fn=fn: fn(params)) for name, fn in fns.items()}
     for fn in fns.values():
       jax.block_until_ready(fn())  # compile
-    times = _best(fns, _REPEATS.value)
-    print(f"batch {_BATCH.value}, prompt {prompt_len}, {num_new} new tokens "
-          f"(d_model 64, 2 layers), min of {_REPEATS.value}:")
+    times = _best(fns, flags.FLAGS.repeats)
+    print(f"batch {flags.FLAGS.batch}, prompt {prompt_len}, {num_new} new tokens "
+          f"(d_model 64, 2 layers), min of {flags.FLAGS.repeats}:")
     for name, t in times.items():
       if name != "uncached":
         print(f"  uncached / cached({name}) = {times['uncached'] / t:.2f}  "
@@ -70,4 +75,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -51,21 +51,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import arithmetic_task as task
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import check_fields, config_field
-from experiments.common.results import finish_run, run_summary
+from experiments.common.results import run_summary
 from experiments.common.rl.config import RLConfig
 from experiments.common.rl.warm_start import warm_start
+from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopResult
 from experiments.kv_cache.outliers import scale_key_channels
-from models import kv_cache, sampling
-from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
-from numerics import kv_quant
-from numerics.rl.mismatch import mismatch_kl
+from lowprec.models import kv_cache, sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
+from lowprec.numerics import kv_quant
+from lowprec.numerics.rl.mismatch import mismatch_kl
 
 EXPERIMENT = "kv_cache"
 STATIC_SCALES = ("unit", "calibrated")
@@ -293,13 +291,9 @@ def train_and_evaluate(config: KVCacheConfig, options: RunOptions) -> dict[str, 
   results row. Nothing is checkpointed (a run is seconds; a killed one reruns)."""
   options = resolve_run_options(options, EXPERIMENT, config)
   t0 = time.time()
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config):
+  with run_lib.open_run(EXPERIMENT, config, options, checkpoints=False) as run:
     params, info = base_params(config)
-    writer = MetricWriter(options.workdir)
-    run_metadata.write_run_metadata(options.workdir, config, options,
-                                    {"experiment": EXPERIMENT, "warm_start": info})
-    writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+    run.record({"warm_start": info})
     t_eval = time.perf_counter()
     metrics = evaluate(config, params)
     metrics["kv/eval_s"] = time.perf_counter() - t_eval
@@ -311,6 +305,4 @@ def train_and_evaluate(config: KVCacheConfig, options: RunOptions) -> dict[str, 
     summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
                           num_params=sum(x.size for x in jax.tree.leaves(params)),
                           resumed_from_step=0, metrics=metrics)
-    finish_run(writer, options.results_file, summary, completed=True, step=1,
-               workdir=options.workdir)
-  return summary
+    return run.finish(summary, completed=True, step=1)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-import time
 from typing import Any, Callable
 
 import jax
@@ -26,21 +24,19 @@ from absl import logging
 
 from experiments.common import distributed
 from experiments.common import recipe_flag
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
+from experiments.common import run as run_lib
 from experiments.common import shakespeare
-from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import check_fields, config_field
-from experiments.common.results import finish_run, run_summary
+from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import (LoopSettings, TrainState, init_train_state,
-                                           make_train_step, restore_or_initialize, run_loop)
+from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
+                                           run_loop)
 from experiments.common.weight_inspection import make_inspector
-from models import quantization
-from models.transformer import DecoderLM, TransformerConfig, next_token_loss
-from numerics import tree_paths
-from numerics import recipes as recipes_lib
+from lowprec.models import quantization
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from lowprec.numerics import tree_paths
+from lowprec.numerics import recipes as recipes_lib
 
 EXPERIMENT = "lm"
 
@@ -192,8 +188,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
                                    config.max_chars)
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(splits.vocab.size)),
-      config.quantization_rules(), telemetry=config.numerics_telemetry,
-      unused_rules="ignore")  # one rule list for dense and MoE models (router rule)
+      config.quantization_rules(), telemetry=config.numerics_telemetry)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)
@@ -259,35 +254,19 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
         splits.train, seed=config.seed, position=position, batch_size=config.batch_size,
         seq_len=config.seq_len), mesh)
 
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None,
-                         writer_process=writer_process):
-    start = restore_or_initialize(checkpointer, options.resume, fresh,
-                                  resume_step=options.resume_step)
-    writer = MetricWriter(options.workdir, enabled=writer_process)
-    if writer_process:
-      run_metadata.write_run_metadata(options.workdir, config, options,
-                                      {"experiment": experiment, "vocab_size": splits.vocab.size})
-      if start.step == 0:
-        writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+  with run_lib.open_run(experiment, config, options, hparams=hparams_of(config),
+                        writer_process=writer_process) as run:
+    start = run.restore(fresh, metadata={"vocab_size": splits.vocab.size})
     model_params = start.state.params["params"] if stateful else start.state.params
     n_params = sum(x.size for x in jax.tree.leaves(model_params))
     logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
                  n_params, splits.vocab.size, config.recipe, splits.train.size,
                  splits.validation.size)
 
-    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                            eval_every=config.eval_every,
-                            checkpoint_every=config.checkpoint_every,
-                            histogram_every=config.histogram_every,
-                            progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step,
+    settings = run.settings(config.num_steps,
                             every_step_scalars=False,  # log_every means what it says
                             # 3x a uniform predictor's loss: a blow-up, not noise
                             max_healthy_loss=3 * math.log(splits.vocab.size))
-    t0 = time.time()
     recipe = recipes_lib.get(config.model_recipe())
     # A delayed-scaling recipe's weight error depends on its state: histograms only.
     inspector = make_inspector(
@@ -300,17 +279,12 @@ def train_and_evaluate(config: LMConfig, options: RunOptions,
     result = run_loop(start=start,
                       train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics,
                                                  **carried),
-                      batch_at=batch_at, settings=settings, writer=writer,
-                      checkpointer=checkpointer, evaluate=evaluate,
+                      batch_at=batch_at, settings=settings, writer=run.writer,
+                      checkpointer=run.checkpointer, evaluate=evaluate,
                       inspect=(lambda p: inspector(p["params"])) if stateful else inspector)
-    checkpointer.close()
-    summary = run_summary(experiment, options, config, result, start_time=t0,
+    summary = run_summary(experiment, options, config, result, start_time=run.t0,
                           num_params=n_params, resumed_from_step=start.step,
                           process_count=jax.process_count(),
                           device_count=jax.device_count())
-    if writer_process:
-      finish_run(writer, options.results_file, summary, completed=result.completed,
-                 step=result.snapshot.step, workdir=options.workdir)
-    else:
-      writer.close()
+    run.finish(summary, completed=result.completed, step=result.snapshot.step)
   return summary

@@ -25,25 +25,30 @@ import jax
 import jax.numpy as jnp
 
 from experiments.looped_rl.experiment import ROLLOUT_KV, LoopedRLConfig
-from models import looped, sampling
+from lowprec.models import looped, sampling
 
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
-_BATCH = flags.DEFINE_integer("batch", 128, "Rows decoded at once.")
-_RECIPES = flags.DEFINE_list("recipes", ["fp32", "bf16"], "Recipes to time.")
 SHAPES = ((8, 5), (32, 96))  # (prompt_len, num_new)
+
+
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_integer("repeats", 7, "Timed calls per function (min taken).")
+  flags.DEFINE_integer("batch", 128, "Rows decoded at once.")
+  flags.DEFINE_list("recipes", ["fp32", "bf16"], "Recipes to time.")
 
 
 def main(argv):
   del argv
   for prompt_len, num_new in SHAPES:
-    for recipe in _RECIPES.value:
+    for recipe in flags.FLAGS.recipes:
       base = LoopedRLConfig(recipe=recipe)
       model = base.model()
       model = model.clone(config=dataclasses.replace(model.config,
                                                      max_len=prompt_len + num_new))
       key = jax.random.PRNGKey(0)
       params = model.init(key, jnp.zeros((1, prompt_len), jnp.int32), key)["params"]
-      prompts = jax.random.randint(jax.random.PRNGKey(1), (_BATCH.value, prompt_len), 0,
+      prompts = jax.random.randint(jax.random.PRNGKey(1), (flags.FLAGS.batch, prompt_len), 0,
                                    model.config.vocab_size)
       dense_apply = lambda p, t, k: model.apply({"params": p}, t, k)[0]
       spec = ROLLOUT_KV["fp32" if recipe == "fp32" else "bf16"]
@@ -54,16 +59,17 @@ def main(argv):
       for fn in (deferred, dense):
         jax.block_until_ready(fn(params))  # compile
       best = {"deferred": float("inf"), "dense": float("inf")}
-      for _ in range(_REPEATS.value):
+      for _ in range(flags.FLAGS.repeats):
         for name, fn in (("deferred", deferred), ("dense", dense)):
           t = time.perf_counter()
           jax.block_until_ready(fn(params))
           best[name] = min(best[name], time.perf_counter() - t)
-      print(f"{recipe}, batch {_BATCH.value}, prompt {prompt_len}, {num_new} new tokens, "
-            f"min of {_REPEATS.value}: dense / deferred = "
+      print(f"{recipe}, batch {flags.FLAGS.batch}, prompt {prompt_len}, {num_new} new tokens, "
+            f"min of {flags.FLAGS.repeats}: dense / deferred = "
             f"{best['dense'] / best['deferred']:.2f}  ({best['deferred'] * 1e3:.1f} ms vs "
             f"{best['dense'] * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -53,22 +53,20 @@ import optax
 
 from experiments.common import arithmetic_task as task
 from experiments.common import recipe_flag
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import check_fields, config_field
-from experiments.common.results import finish_run, loop_metrics, run_summary
+from experiments.common.results import loop_metrics, run_summary
 from experiments.common.rl import harness_checks
+from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
+from experiments.common.train_loop import run_loop
 from experiments.looped_rl import warm_start as warm_start_lib
-from models import looped, quantization
-from models.transformer import TransformerConfig
-from numerics import kv_quant
-from numerics.rl import advantages as advantages_lib
-from numerics.rl import policy_loss
-from numerics.rl.mismatch import mismatch_kl
+from lowprec.models import looped, quantization
+from lowprec.models.transformer import TransformerConfig
+from lowprec.numerics import kv_quant
+from lowprec.numerics.rl import advantages as advantages_lib
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl.mismatch import mismatch_kl
 
 EXPERIMENT = "looped_rl"
 RECIPES = ("fp32", "bf16", "mxfp8")
@@ -150,8 +148,7 @@ class LoopedRLConfig:
                           d_ff=self.d_ff, max_len=length),
         looped.LoopConfig(self.max_loops, "threshold", self.threshold))
     return quantization.quantize_model(
-        plain, recipe_flag.looped_rules(self.recipe if recipe is None else recipe),
-        unused_rules="ignore")  # the shared rule list's MoE router rule
+        plain, recipe_flag.looped_rules(self.recipe if recipe is None else recipe))
 
   def warm_start_fields(self) -> dict[str, Any]:
     keys = ("digits", "d_model", "num_layers", "num_heads", "d_ff", "max_loops",
@@ -252,18 +249,9 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
     zeros = jnp.zeros((n,), jnp.float32)
     return Snapshot(LoopedRLState(warm, optimizer.init(warm), *([zeros] * 6)), key, 0, 0)
 
-  checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
-    start = restore_or_initialize(checkpointer, options.resume, fresh,
-                                  resume_step=options.resume_step)
-    writer = MetricWriter(options.workdir)
-    run_metadata.write_run_metadata(options.workdir, config, options,
-                                    {"experiment": EXPERIMENT, "warm_start": warm_info,
-                                     "warm_start_file": warm_path})
-    if start.step == 0:
-      writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+  with run_lib.open_run(EXPERIMENT, config, options) as run:
+    start = run.restore(fresh, metadata={"warm_start": warm_info,
+                                         "warm_start_file": warm_path})
     seen = {harness_checks.batch_fingerprint(
         task.problems(seed=config.seed, position=u, batch_size=config.prompts_per_update,
                       digits=config.digits)["prompts"]) for u in range(start.step)}
@@ -308,14 +296,9 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
           put(state.dense_max_dlogps, metrics["dense_max_abs_dlogp"]))
       return new, metrics
 
-    settings = LoopSettings(num_steps=n, log_every=config.log_every,
-                            eval_every=config.eval_every,
-                            checkpoint_every=config.checkpoint_every, histogram_every=0,
-                            progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step)
-    result = run_loop(start=start, train_step=rl_step, batch_at=batch_at, settings=settings,
-                      writer=writer, checkpointer=checkpointer, evaluate=evaluate)
-    checkpointer.close()
+    result = run_loop(start=start, train_step=rl_step, batch_at=batch_at,
+                      settings=run.settings(n), writer=run.writer,
+                      checkpointer=run.checkpointer, evaluate=evaluate)
     done = result.snapshot.step
     s = jax.device_get(result.snapshot.state)
     last = max(1, n // 4)
@@ -331,6 +314,4 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
     summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
                           num_params=sum(x.size for x in jax.tree.leaves(warm)),
                           resumed_from_step=start.step, metrics=metrics)
-    finish_run(writer, options.results_file, summary, completed=result.completed,
-               step=done, workdir=options.workdir)
-  return summary
+    return run.finish(summary, completed=result.completed, step=done)

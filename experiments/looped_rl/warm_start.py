@@ -23,8 +23,8 @@ import optax
 
 from experiments.common import arithmetic_task as task
 from experiments.common import params_cache
-from models import looped
-from models.transformer import next_token_loss
+from lowprec.models import looped
+from lowprec.models.transformer import next_token_loss
 
 SUPERVISED_STREAM = 10_000
 

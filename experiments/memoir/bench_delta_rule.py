@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from models import delta_rule
+from lowprec.models import delta_rule
 
 FLAGS = flags.FLAGS
 

@@ -90,7 +90,7 @@ from experiments.common.confirmatory import Pilot
 from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.memoir.experiment import MemoirExperimentConfig
-from models import memoir as memoir_lib
+from lowprec.models import memoir as memoir_lib
 
 SHORT_STEPS = 400
 LONG_STEPS = 960

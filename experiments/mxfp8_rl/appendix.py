@@ -19,8 +19,8 @@ from experiments.common.rl.report import completed_runs, spread
 from experiments.common.sweep_data import config_value
 from experiments.mxfp8_rl.experiment import sync_update
 from experiments.mxfp8_rl.sweeps import INTENDED_CHECK, SAFETY
-from numerics.rl import parity_tolerances
-from numerics.rl.weight_sync import CHECKS
+from experiments.mxfp8_rl import parity_tolerances
+from experiments.mxfp8_rl.weight_sync import CHECKS
 
 # Gated statistics: (sync/stat tag suffix, label, the config field or table it gates).
 GATED = (("parity_k3", "probe k3", "k3"),
@@ -321,7 +321,7 @@ def calibrated_defaults(sweep_dir: str) -> str:
            "`PARITY_TOLERANCES` rows, the cross-recipe gate the config passed in). "
            "*calibrated*: the value the gate rule gives from these clean runs. *library "
            "now*: the default in `experiments.mxfp8_rl.experiment.MXFP8RLConfig` and "
-           "`numerics.rl.parity_tolerances.PARITY_TOLERANCES` when this report was built.",
+           "`experiments.mxfp8_rl.parity_tolerances.PARITY_TOLERANCES` when this report was built.",
            "", "| default | these runs | calibrated | library now |", "|---|---|---|---|"]
   lines += [f"| {name} | {_fmt(c['current'])} | {_fmt(c['calibrated'])} | {_fmt(now)} |"
             for name, c, now in rows]

@@ -9,11 +9,11 @@ trains float32 masters under ``learner_recipe`` (its projections quantized, as
 and the LM head stay bf16). At every sync the weights are exported the way a serving
 engine loads them for ``sampler_recipe``: the block projections' kernels quantized on
 the fly (MXFP8: 1 x 32 blocks along the contraction axis, E8M0 scales, RCEIL, the axis
-zero-padded to a multiple of 32 -- :func:`numerics.rl.serving.served_mx_weight`;
+zero-padded to a multiple of 32 -- :func:`experiments.mxfp8_rl.serving.served_mx_weight`;
 stored as bf16, which holds every MXFP8 value exactly), the layers named by
 ``keep_bf16`` in bf16 and those named by ``keep_fp32`` (embeddings, norms) in float32.
 
-Every sync runs the seven checks of :func:`numerics.rl.weight_sync.run_sync_checks`
+Every sync runs the seven checks of :func:`experiments.mxfp8_rl.weight_sync.run_sync_checks`
 (coverage, layer plan, bit-exact export, version, probe-batch log-prob parity within
 the recipe pair's tolerance, finite values and MX scales, padding invariance) and
 raises on the first failure; their metrics are logged under ``sync/``. The models'
@@ -49,13 +49,13 @@ from experiments.common.config_flags import config_field
 from experiments.common.rl import config as rl_config
 from experiments.common.rl import loop
 from experiments.common.run_options import RunOptions
-from models import sampling
-from models.transformer import DecoderLM, TransformerConfig
-from numerics import tree_paths
-from numerics.blockscale import MX_BLOCK
-from numerics.rl import parity_tolerances
-from numerics.rl import serving
-from numerics.rl import weight_sync
+from lowprec.models import sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
+from lowprec.numerics import tree_paths
+from lowprec.numerics.blockscale import MX_BLOCK
+from experiments.mxfp8_rl import parity_tolerances
+from experiments.mxfp8_rl import serving
+from experiments.mxfp8_rl import weight_sync
 
 _MXFP8_CROSS = parity_tolerances.PARITY_TOLERANCES[("bf16", "mxfp8")]
 

@@ -47,9 +47,9 @@ from experiments.alto import experiment as alto
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
 from experiments.lm import experiment as lm
-from numerics import memory
-from numerics.optim import moment_codecs
-from numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
+from lowprec.numerics import memory
+from lowprec.numerics.optim import moment_codecs
+from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
                                            quantized_adamw)
 
 EXPERIMENT = "optimizer_state"

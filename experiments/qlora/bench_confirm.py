@@ -36,10 +36,7 @@ from experiments.common.sequential import SequentialPlan, claim_outcome
 from experiments.qlora import sweeps
 from experiments.qlora.appendix import NO_SLOWDOWN, speed_verdict
 
-_OUT_DIR = flags.DEFINE_string("out_dir", sweeps.SPEED_REPORT_DIR,
-                               "Where bench_speed.json and REPORT.md go.")
-_CPU = flags.DEFINE_integer("cpu", -1, "The CPU to pin to (-1: the last one allowed).")
-_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild REPORT.md from the JSON.")
+FLAGS = flags.FLAGS
 
 JSON_FILE = "bench_speed.json"
 PILOT_FILE = "experiments/qlora/report/bench_step.json"
@@ -274,16 +271,26 @@ def build_report(out_dir: str) -> str:
   return path
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_string("out_dir", sweeps.SPEED_REPORT_DIR,
+                      "Where bench_speed.json and REPORT.md go.")
+  flags.DEFINE_integer("cpu", -1, "The CPU to pin to (-1: the last one allowed).")
+  flags.DEFINE_bool("report_only", False, "Rebuild REPORT.md from the JSON.")
+
+
 def main(argv):
   del argv
-  if not _REPORT_ONLY.value:
+  if not FLAGS.report_only:
     git = run_metadata.git_state()
     if git.get("dirty"):
       raise app.UsageError(f"refusing to run: tracked files differ from commit "
                            f"{git['commit'][:12]}; commit first")
-    run(_OUT_DIR.value, _CPU.value)
-  print(build_report(_OUT_DIR.value))
+    run(FLAGS.out_dir, FLAGS.cpu)
+  print(build_report(FLAGS.out_dir))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

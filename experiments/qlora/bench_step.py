@@ -48,17 +48,10 @@ from experiments.common.results import write_benchmark
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
-from models.transformer import bf16_dot_general
-from numerics import nf4
-from numerics.benchmarking import interleaved, ratio_summary
+from lowprec.models.transformer import bf16_dot_general
+from lowprec.numerics import nf4
+from lowprec.numerics.benchmarking import interleaved, ratio_summary
 
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per method per round (min).")
-_OUT = flags.DEFINE_string("out", "experiments/qlora/report/bench_step.json",
-                           "Where to write the JSON ('' : nowhere).")
-_SIZE = flags.DEFINE_list("size", [], "name=value overrides of the QLoRAConfig "
-                          "architecture fields (e.g. d_model=32 for a quick check).")
-_GEMMS = flags.DEFINE_bool("gemms", True, "Also time the single projections.")
 
 BASELINE = "bf16_lora"
 METHODS = {
@@ -186,17 +179,30 @@ def format_table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_integer("rounds", 10, "Interleaved rounds.")
+  flags.DEFINE_integer("repeats", 7, "Timed calls per method per round (min).")
+  flags.DEFINE_string("out", "experiments/qlora/report/bench_step.json",
+                      "Where to write the JSON ('' : nowhere).")
+  flags.DEFINE_list("size", [], "name=value overrides of the QLoRAConfig "
+                    "architecture fields (e.g. d_model=32 for a quick check).")
+  flags.DEFINE_bool("gemms", True, "Also time the single projections.")
+
+
 def main(argv):
   del argv
   overrides = {}
-  for item in _SIZE.value:
+  for item in flags.FLAGS.size:
     k, v = item.split("=", 1)
     if k not in ARCH_FIELDS:
       raise app.UsageError(f"--size names architecture fields only ({ARCH_FIELDS}), got {k!r}")
     overrides[k] = int(v)
   config = dataclasses.replace(QLoRAConfig(), **overrides)
-  result = run(config, _ROUNDS.value, _REPEATS.value, _GEMMS.value)
-  write_benchmark(_OUT.value, result, format_table(result))
+  result = run(config, flags.FLAGS.rounds, flags.FLAGS.repeats, flags.FLAGS.gemms)
+  write_benchmark(flags.FLAGS.out, result, format_table(result))
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -67,20 +67,17 @@ import optax
 from absl import logging
 
 from experiments.common import params_cache
-from experiments.common import run_metadata
 from experiments.common import shakespeare
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import check_fields, config_field
-from experiments.common.results import finish_run, run_summary
+from experiments.common.results import run_summary
+from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.tensorboard_writer import MetricWriter
 from experiments.lm import experiment as lm
-from experiments.common.train_loop import (LoopSettings, init_train_state, make_train_step,
-                                           restore_or_initialize, run_loop)
-from models import lora
-from models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
-from numerics import memory
+from experiments.common.train_loop import init_train_state, make_train_step, run_loop
+from lowprec.models import lora
+from lowprec.models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
+from lowprec.numerics import memory
 
 EXPERIMENT = "qlora"
 METHODS = ("lora", "full")
@@ -383,30 +380,22 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
   options = resolve_run_options(options, EXPERIMENT, config)
   corpus = load_corpus(config.holdout_play, config.finetune_eval_fraction)
   model = config.model(corpus.vocab.size)
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
+  with run_lib.open_run(EXPERIMENT, config, options) as run:
     params, base_info = pretrained_base(config, model, corpus)
     setup = make_setup(config, model, params)
     frozen_before = tree_digest(setup.frozen) if setup.frozen is not None else ""
     optimizer = make_optimizer(config)
-    writer = MetricWriter(options.workdir)
-    run_metadata.write_run_metadata(options.workdir, config, options, {
-        "experiment": EXPERIMENT, "vocab_size": corpus.vocab.size, "base": base_info,
-        "tokens": {"pretrain": int(corpus.pretrain.size),
-                   "finetune": int(corpus.finetune.size),
-                   "evaluation": int(corpus.evaluation.size)}})
 
     def fresh() -> Snapshot:
       state = init_train_state(setup.trainable, optimizer)
       return Snapshot(state=state, rng=jax.random.PRNGKey(config.seed), step=0,
                       data_position=0)
 
-    start = restore_or_initialize(checkpointer, options.resume, fresh,
-                                  resume_step=options.resume_step)
-    if start.step == 0:
-      writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
+    start = run.restore(fresh, metadata={
+        "vocab_size": corpus.vocab.size, "base": base_info,
+        "tokens": {"pretrain": int(corpus.pretrain.size),
+                   "finetune": int(corpus.finetune.size),
+                   "evaluation": int(corpus.evaluation.size)}})
     eval_key = jax.random.PRNGKey(0)
     eval_step = jax.jit(lambda t, base, b: next_token_loss(
         setup.logits_fn(t, base, b["inputs"], eval_key), b["targets"]))
@@ -428,17 +417,12 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
                                         position=position, batch_size=config.batch_size,
                                         seq_len=config.seq_len), **extra}
 
-    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                            eval_every=config.eval_every,
-                            checkpoint_every=config.checkpoint_every, histogram_every=0,
-                            progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step,
+    settings = run.settings(config.num_steps,
                             max_healthy_loss=3 * math.log(corpus.vocab.size))
     t0 = time.time()
     result = run_loop(start=start, train_step=make_train_step(setup.loss_fn, optimizer),
-                      batch_at=batch_at, settings=settings, writer=writer,
-                      checkpointer=checkpointer, evaluate=evaluate)
-    checkpointer.close()
+                      batch_at=batch_at, settings=settings, writer=run.writer,
+                      checkpointer=run.checkpointer, evaluate=evaluate)
     metrics = {**{f"train/{k}": v for k, v in result.train_metrics.items()},
                **{f"eval/{k}": v for k, v in result.eval_metrics.items()}}
     before = evaluations[0]["loss"] if start.step == 0 and evaluations else math.nan
@@ -455,6 +439,4 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
                           num_params=memory.num_params(params), resumed_from_step=start.step,
                           metrics=metrics, base_digest=base_info["digest"],
                           frozen_digest=frozen_before)
-    finish_run(writer, options.results_file, summary, completed=result.completed,
-               step=result.snapshot.step, workdir=options.workdir)
-  return summary
+    return run.finish(summary, completed=result.completed, step=result.snapshot.step)

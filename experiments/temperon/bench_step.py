@@ -27,11 +27,16 @@ from experiments.common.results import write_benchmark
 from experiments.temperon import experiment
 from experiments.temperon.sweeps import ARMS, temperon
 
-flags.DEFINE_string("out", "", "Write the result here as JSON (else print it).")
-flags.DEFINE_integer("rounds", 3, "Rounds; each runs every arm's whole run once.")
-flags.DEFINE_integer("chunks", 10, "Each round advances the arms in turn, this many "
-                     "chunks of num_steps / chunks steps each (finer interleaving).")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_string("out", "", "Write the result here as JSON (else print it).")
+  flags.DEFINE_integer("rounds", 3, "Rounds; each runs every arm's whole run once.")
+  flags.DEFINE_integer("chunks", 10, "Each round advances the arms in turn, this many "
+                       "chunks of num_steps / chunks steps each (finer interleaving).")
 
 
 def main(argv):
@@ -70,4 +75,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

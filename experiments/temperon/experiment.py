@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Any
 
@@ -35,18 +34,15 @@ from absl import logging
 
 from experiments.common import curves
 from experiments.common import digits
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer, Snapshot
+from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import check_fields, config_field
-from experiments.common.results import finish_run, loop_metrics, run_summary
+from experiments.common.results import loop_metrics, run_summary
+from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import (LoopSettings, TrainState, init_train_state,
-                                           restore_or_initialize, run_loop)
-from models.resnet import ResNet, ResNetConfig, classification_loss
-from numerics import optim
+from experiments.common.train_loop import TrainState, init_train_state, run_loop
+from lowprec.models.resnet import ResNet, ResNetConfig, classification_loss
+from lowprec.numerics import optim
 
 EXPERIMENT = "temperon"
 PHASE_KINDS = ("sgd", "sgd_sam", "muon_sam")
@@ -335,33 +331,21 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     return digits.train_batch(train_images, train_labels, seed=config.seed,
                               position=position, batch_size=config.batch_size)
 
-  checkpointer = Checkpointer(os.path.join(options.workdir, "checkpoints"))
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
-    start = restore_or_initialize(checkpointer, options.resume, fresh,
-                                  resume_step=options.resume_step)
-    writer = MetricWriter(options.workdir)
-    run_metadata.write_run_metadata(options.workdir, config, options, {"experiment": EXPERIMENT})
-    if start.step == 0:
-      writer.write_hparams(hparams_of(config), trial_id=options.run_name)
+  with run_lib.open_run(EXPERIMENT, config, options, hparams=hparams_of(config)) as run:
+    start = run.restore(fresh)
+    writer = run.writer
     n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
     logging.info("model: %d parameters; explorer %s -> refiner %s at step %d of %d",
                  n_params, config.explorer, config.refiner, config.switch_step(),
                  config.num_steps)
 
-    settings = LoopSettings(num_steps=config.num_steps, log_every=config.log_every,
-                            eval_every=config.eval_every,
-                            checkpoint_every=config.checkpoint_every,
-                            histogram_every=0, progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step, every_step_scalars=False,
+    settings = run.settings(config.num_steps, every_step_scalars=False,
                             # 3x the loss of a uniform guess of the 10 digits
                             max_healthy_loss=3 * math.log(10))
     t0 = time.time()
     result = run_loop(start=start, train_step=timed_step, batch_at=batch_at,
-                      settings=settings, writer=writer, checkpointer=checkpointer,
+                      settings=settings, writer=writer, checkpointer=run.checkpointer,
                       evaluate=evaluate)
-    checkpointer.close()
 
     # Median s/step per step kind (phase, gradient evaluations), leaving out each
     # kind's first step in this process (it compiles).
@@ -392,6 +376,4 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
     summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
                           num_params=n_params, resumed_from_step=start.step,
                           metrics=metrics)
-    finish_run(writer, options.results_file, summary, completed=result.completed,
-               step=result.snapshot.step, workdir=options.workdir)
-  return summary
+    return run.finish(summary, completed=result.completed, step=result.snapshot.step)

@@ -69,15 +69,15 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from numerics import telemetry as telemetry_lib
-from models.quantization import interception
-from models.quantization import linen_front
-from models.quantization import nnx_front
-from models.quantization.interception import (NUMERICS, OVERWRITE, RNG_STREAM,
+from lowprec.numerics import telemetry as telemetry_lib
+from lowprec.models.quantization import interception
+from lowprec.models.quantization import linen_front
+from lowprec.models.quantization import nnx_front
+from lowprec.models.quantization.interception import (NUMERICS, OVERWRITE, RNG_STREAM,
                                               conv_general_dilated, dot, dot_general,
                                               einsum, matmul)
-from models.quantization.recording import OpRecord, plan, recording, unused_rules
-from models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
+from lowprec.models.quantization.recording import OpRecord, plan, recording, unused_rules
+from lowprec.models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
                                        projections_only)
 
 __all__ = ["NUMERICS", "OPS", "OVERWRITE", "OpRecord", "PROJECTIONS", "RNG_STREAM", "Rule",

@@ -40,11 +40,11 @@ from jax._src.numpy import tensor_contractions
 import jax.numpy as jnp
 from jax import lax
 
-from numerics import qconv
-from numerics import qdot
-from numerics import recipes as recipes_lib
-from models.quantization import recording
-from models.quantization.rules import Rule
+from lowprec.numerics import qconv
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes as recipes_lib
+from lowprec.models.quantization import recording
+from lowprec.models.quantization.rules import Rule
 
 OVERWRITE = "_overwrite_with_gradient"  # flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT
 NUMERICS = "numerics"
@@ -158,7 +158,7 @@ def activate(context: Context) -> Iterator[None]:
 
 
 def _check_unused(config: Config) -> None:
-  unused = [r for r in config.rules if id(r) not in config.caught]
+  unused = [r for r in config.rules if r.required and id(r) not in config.caught]
   if not unused or config.unused_rules == "ignore":
     return
   names = ", ".join(f"Rule({r.module_path!r}, {r.recipe_name!r}, ops={r.ops})"

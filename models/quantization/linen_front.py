@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from flax import linen as nn
 
-from models.quantization import interception
+from lowprec.models.quantization import interception
 
 
 def _track(next_fun, args, kwargs, context):

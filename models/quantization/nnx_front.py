@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from models.quantization import interception
+from lowprec.models.quantization import interception
 
 _TRACKED: dict[type, type] = {}
 # (the function a layer may hold, its intercepting replacement)

@@ -11,7 +11,7 @@ import contextlib
 import threading
 from typing import Iterator, NamedTuple, Sequence
 
-from models.quantization.rules import Rule, check_rules
+from lowprec.models.quantization.rules import Rule, check_rules
 
 
 class OpRecord(NamedTuple):

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import Sequence
 
-from numerics import recipes as recipes_lib
+from lowprec.numerics import recipes as recipes_lib
 
 # The op kinds a quantized model intercepts (see the package docstring):
 # lax.dot_general; jnp.einsum; x @ w / jnp.matmul / jnp.dot; lax.conv_general_dilated;
@@ -32,11 +32,15 @@ class Rule:
     recipe: a :mod:`numerics.recipes` name or Recipe; ``None`` keeps the matched ops as
       the model wrote them (for "this layer stays in high precision" overrides).
     ops: the op kinds the rule applies to, a subset of :data:`OPS` (default: all).
+    required: whether a rule that matches no op is reported (``quantize_model``'s
+      ``unused_rules``); False for rules a preset or a rule list for a family of models
+      includes in case the model has such ops (an attention, an MoE router).
   """
 
   module_path: str
   recipe: str | recipes_lib.Recipe | None
   ops: tuple[str, ...] = OPS
+  required: bool = True
 
   def __post_init__(self):
     if not isinstance(self.module_path, str):
@@ -83,10 +87,12 @@ def projections_only(recipe: str | recipes_lib.Recipe, *,
   ``head`` (the output head; ``None``: no head rule), which run with ``keep``; the
   attention products (QK^T and AV, in linen and NNX alike) run with ``keep``. ``keep``
   is a recipe name (``"bf16"``: bf16 operands, float32 accumulation) or ``None`` for the
-  model's own precision.
+  model's own precision. The head and attention rules are not ``required`` (a model
+  may have neither).
   """
   rules = []
   if head is not None:
-    rules.append(Rule(head, keep))
-  rules += [Rule(".*", keep, ops=("attention",)), Rule(".*", recipe, ops=PROJECTIONS)]
+    rules.append(Rule(head, keep, required=False))
+  rules += [Rule(".*", keep, ops=("attention",), required=False),
+            Rule(".*", recipe, ops=PROJECTIONS)]
   return tuple(rules)

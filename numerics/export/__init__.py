@@ -15,12 +15,12 @@ non-floating leaves pass through. Metrics are keyed by each floating leaf's
 '/'-joined pytree path plus ``"global"``.
 """
 
-from numerics.export._leaves import GLOBAL
-from numerics.export.lag import LagState, init_lag_state, update_lag
-from numerics.export.metrics import relative_drift, ulp_distance, unchanged_fraction
-from numerics.export.served_copy import (EXPORT_ROUNDINGS, Export, ExportSpec, ExportState,
+from lowprec.numerics.export._leaves import GLOBAL
+from lowprec.numerics.export.lag import LagState, init_lag_state, update_lag
+from lowprec.numerics.export.metrics import relative_drift, ulp_distance, unchanged_fraction
+from lowprec.numerics.export.served_copy import (EXPORT_ROUNDINGS, Export, ExportSpec, ExportState,
                                          export, init_export_state, make_export)
-from numerics.export.straight_through import straight_through
+from lowprec.numerics.export.straight_through import straight_through
 
 __all__ = [
     "EXPORT_ROUNDINGS", "Export", "ExportSpec", "ExportState", "GLOBAL", "LagState",

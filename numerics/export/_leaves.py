@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numerics import tree_paths
+from lowprec.numerics import tree_paths
 
 GLOBAL = "global"  # the metrics' key for "over all floating leaves"
 ROOT = "root"

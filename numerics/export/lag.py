@@ -8,10 +8,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from numerics.export._leaves import (F32, GLOBAL, check_master_leaf, check_served_leaf,
+from lowprec.numerics.export._leaves import (F32, GLOBAL, check_master_leaf, check_served_leaf,
                                      flatten, flatten_like, is_float, safe_div)
-from numerics.export.metrics import grid_format, ulp_ratio
-from numerics.export.served_copy import ExportSpec
+from lowprec.numerics.export.metrics import grid_format, ulp_ratio
+from lowprec.numerics.export.served_copy import ExportSpec
 
 
 class LagState(NamedTuple):

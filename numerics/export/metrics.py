@@ -26,11 +26,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
-from numerics.export._leaves import (F32, GLOBAL, bit_pattern, flatten, flatten_like,
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.export._leaves import (F32, GLOBAL, bit_pattern, flatten, flatten_like,
                                      float_pairs, is_float, safe_div)
-from numerics.export.served_copy import ExportSpec, check_spec
+from lowprec.numerics.export.served_copy import ExportSpec, check_spec
 
 
 @jax.jit

@@ -38,11 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import formats as formats_lib
-from numerics import quantizer as quantizer_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
-from numerics.export._leaves import F32, check_master_leaf, flatten, is_float
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer as quantizer_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.export._leaves import F32, check_master_leaf, flatten, is_float
 
 Export = Callable[[Any], Any]
 EXPORT_ROUNDINGS = ("nearest", "stochastic", "error_feedback")

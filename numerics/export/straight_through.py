@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numerics.export._leaves import (F32, check_master_leaf, check_served_leaf, flatten,
+from lowprec.numerics.export._leaves import (F32, check_master_leaf, check_served_leaf, flatten,
                                      flatten_like, is_float)
 
 

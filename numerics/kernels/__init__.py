@@ -15,26 +15,27 @@
   :mod:`numerics.qdot` calls for every GEMM operand).
 
 Dispatch rule (:mod:`numerics.kernels.dispatch`): compiled Pallas on GPU/TPU, the jnp
-path on the CPU; ``use_kernel=``/``interpret=`` per call or ``NUMERICS_KERNELS`` =
-``auto|jnp|pallas|interpret`` for the process override it. Every kernel is bit-exact
+path on the CPU; ``use_kernel=``/``interpret=`` per call, ``with
+kernels.implementation("jnp"):`` for the calls a block traces, or ``NUMERICS_KERNELS`` =
+``auto|jnp|pallas|interpret`` (read once) for the process override it. Every kernel is bit-exact
 with the jnp path and with the independent NumPy references in interpret mode
 (``tests/numerics/kernels``); CI lowers every case of :mod:`numerics.kernels.cases` for
-``cuda`` and ``tpu`` (``python -m numerics.kernels.lowering``) and compiles it for H200,
-B200, TPU v5e and v6e without a device (``python -m numerics.kernels.compile_check``;
+``cuda`` and ``tpu`` (``python -m lowprec.numerics.kernels.lowering``) and compiles it for H200,
+B200, TPU v5e and v6e without a device (``python -m lowprec.numerics.kernels.compile_check``;
 docs/kernels.md).
 The device check: ``python -m experiments.benchmarks.kernel_check
 --out=device_check.json``.
 """
 
-from numerics.kernels.dispatch import ENV_VAR, IMPLS
-from numerics.kernels.block_matmul import mx_matmul
-from numerics.kernels.mx_quantizers import mx_quantize, mx_quantize_dequantize
-from numerics.kernels.nvfp4_quantizers import (nvfp4_quantize, nvfp4_quantize_dequantize,
+from lowprec.numerics.kernels.dispatch import ENV_VAR, IMPLS, implementation
+from lowprec.numerics.kernels.block_matmul import mx_matmul
+from lowprec.numerics.kernels.mx_quantizers import mx_quantize, mx_quantize_dequantize
+from lowprec.numerics.kernels.nvfp4_quantizers import (nvfp4_quantize, nvfp4_quantize_dequantize,
                                                nvfp4_quantize_dequantize_blocks)
-from numerics.kernels.operand import (kernel_eligible, quantize_dequantize,
+from lowprec.numerics.kernels.operand import (kernel_eligible, quantize_dequantize,
                                       quantize_dequantize_split, splits_tensor_scale)
 
-__all__ = ["ENV_VAR", "IMPLS", "kernel_eligible", "mx_matmul", "mx_quantize",
-           "mx_quantize_dequantize", "nvfp4_quantize", "nvfp4_quantize_dequantize",
+__all__ = ["ENV_VAR", "IMPLS", "implementation", "kernel_eligible", "mx_matmul",
+           "mx_quantize", "mx_quantize_dequantize", "nvfp4_quantize", "nvfp4_quantize_dequantize",
            "nvfp4_quantize_dequantize_blocks", "quantize_dequantize",
            "quantize_dequantize_split", "splits_tensor_scale"]

@@ -41,10 +41,10 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 import numpy as np
 
-from numerics import blockscale
-from numerics.blockscale import MX_BLOCK
-from numerics import formats as formats_lib
-from numerics.kernels import dispatch
+from lowprec.numerics import blockscale
+from lowprec.numerics.blockscale import MX_BLOCK
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics.kernels import dispatch
 
 _U = np.uint32
 _GPU_TILE = (128, 128, 64)

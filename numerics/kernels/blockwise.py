@@ -45,8 +45,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 import numpy as np
 
-from numerics import random_bits as random_bits_lib
-from numerics.kernels import dispatch
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics.kernels import dispatch
 
 FULL, BLOCKS = "full", "blocks"
 _GPU_TILES = {1: (16, 256), 0: (32, 128)}
@@ -124,6 +124,8 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
     tile: explicit ``(tr, tc)``; default :func:`default_tile`.
   """
   r, c = x.shape
+  seeds, scalars, x = _vary_together(seeds, scalars, x)
+  out_type = dict(manual_axis_type=jax.typeof(x).manual_axis_type)
   if tile is None:
     tr, tc = default_tile(variant, (r, c), axis, block)
   else:
@@ -165,10 +167,10 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
   for kind, dtype in outputs:
     if kind == FULL:
       out_specs.append(tile_spec)
-      out_shapes.append(jax.ShapeDtypeStruct((r, c), dtype))
+      out_shapes.append(jax.ShapeDtypeStruct((r, c), dtype, **out_type))
     elif kind == BLOCKS:
       out_specs.append(block_spec)
-      out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype))
+      out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype, **out_type))
     else:
       raise ValueError(f"unknown output kind {kind!r}")
   results = pl.pallas_call(
@@ -185,6 +187,22 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
           for res, (kind, _) in zip(results, outputs, strict=True)]
 
 
+def _vary_together(*arrays: jax.Array) -> list[jax.Array]:
+  """``arrays``, each cast to vary over every manual mesh axis any of them varies over.
+
+  Inside ``jax.shard_map`` (``check_vma=True``) a ``pallas_call`` needs the type of its
+  outputs: that of its inputs once they agree (the seeds vary with the shard's offset,
+  NVFP4's tensor scale does not where its amax was reduced). Outside, a no-op.
+  """
+  have = [set(random_bits_lib.varying_manual_axes(a)) for a in arrays]
+  union = set().union(*have)
+  if not union:
+    return list(arrays)
+  order = [n for n in jax.sharding.get_abstract_mesh().axis_names if n in union]
+  return [lax.pcast(a, tuple(n for n in order if n not in h), to="varying")
+          if union - h else a for a, h in zip(arrays, have)]
+
+
 def _transpose_via_32_bits(v: jax.Array) -> jax.Array:
   """``v.T``, moved as a 32-bit type (Mosaic transposes 32-bit vectors, not i8/i1)."""
   if v.dtype.itemsize == 4:
@@ -193,11 +211,14 @@ def _transpose_via_32_bits(v: jax.Array) -> jax.Array:
   return v.astype(wide).T
 
 
-def seeds_of(key: jax.Array | None) -> jax.Array:
-  """uint32 (2,) hash seeds of ``key`` (zeros without one: deterministic roundings)."""
+def seeds_of(key: jax.Array | None, x: jax.Array) -> jax.Array:
+  """uint32 (2,) hash seeds of ``key`` for the array ``x`` the kernel rounds (zeros
+  without a key: deterministic roundings). Inside ``shard_map`` they carry the shard's
+  offset (:func:`numerics.random_bits.sharded_seeds`), so kernels and the jnp path
+  draw the same words on every shard."""
   if key is None:
     return jnp.zeros((2,), jnp.uint32)
-  return jnp.stack(random_bits_lib.key_to_seeds(key))
+  return jnp.stack(random_bits_lib.sharded_seeds(key, x.shape, x))
 
 
 def as_2d(x: jax.Array, block_axis: int) -> tuple[jax.Array, int]:

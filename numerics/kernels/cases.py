@@ -6,7 +6,7 @@ estimate needs. :data:`CASES` is the set CI checks: every kernel with every elem
 format, scale rule, rounding mode, input dtype and blocked axis it offers, each at least
 once (a covering set, 40 cases). :func:`all_cases` is the full product (every format x
 scale rule x rounding on both axes, every matmul format pair), for
-``python -m numerics.kernels.compile_check --all``.
+``python -m lowprec.numerics.kernels.compile_check --all``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics.blockscale import MX_BLOCK, NVFP4_BLOCK
-from numerics import kernels
+from lowprec.numerics import blockscale
+from lowprec.numerics.blockscale import MX_BLOCK, NVFP4_BLOCK
+from lowprec.numerics import kernels
 
 QUANTIZE_SHAPE = (8192, 4096)
 QUANTIZE_SHAPE_3D = (4, 2048, 4096)

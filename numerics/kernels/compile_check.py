@@ -1,8 +1,8 @@
 """Compiles every kernel for H200, B200, TPU v5e and TPU v6e on a CPU-only machine.
 
-    python -m numerics.kernels.compile_check                # table kernel | H200 | B200 | v5e | v6e
-    python -m numerics.kernels.compile_check --all          # the full product (331 cases)
-    python -m numerics.kernels.compile_check --vmem --json=compile.json
+    python -m lowprec.numerics.kernels.compile_check                # table kernel | H200 | B200 | v5e | v6e
+    python -m lowprec.numerics.kernels.compile_check --all          # the full product (331 cases)
+    python -m lowprec.numerics.kernels.compile_check --vmem --json=compile.json
 
 Deviceless ahead-of-time compilation runs the real backend compilers without a device:
 for the GPUs, Pallas' Triton lowering, the Triton compiler and ptxas (register
@@ -41,7 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Sequence
+
+from absl import app
+from absl import flags
 
 _CHILD_ENV = "NUMERICS_COMPILE_CHECK_CHILD"
 _SPILL_FLAG = "--xla_gpu_fail_ptx_compilation_on_register_spilling"
@@ -205,6 +208,9 @@ def _child_env(toolchain: str | None, vmem_limit_kib: int | None = None) -> dict
   env = dict(os.environ)
   env[_CHILD_ENV] = "1"
   env["JAX_PLATFORMS"] = "cpu"
+  # libtpu otherwise takes /tmp/libtpu_lockfile, one process per machine: two checks
+  # (or two tests) at once would fail. Compile-only use opens no device.
+  env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
   env["TF_CPP_MIN_LOG_LEVEL"] = "0"
   env["TF_CPP_VMODULE"] = "subprocess_compilation=2,xtile_compiler=2"
   if _SPILL_FLAG not in env.get("XLA_FLAGS", ""):
@@ -240,10 +246,9 @@ def run_child(case_names: Sequence[str], target_names: Sequence[str], *, all_cas
               toolchain: str | None, vmem_limit_kib: int | None = None,
               timeout_s: float | None = None) -> list[Result]:
   """Compiles the named cases for the named targets in a child process."""
-  cmd = [sys.executable, "-m", "numerics.kernels.compile_check", "--child",
+  cmd = [sys.executable, "-m", "lowprec.numerics.kernels.compile_check", "--child",
          "--targets=" + ",".join(target_names)]
-  if all_cases:
-    cmd.append("--all")
+  cmd.append("--all" if all_cases else "--noall")
   with tempfile.TemporaryDirectory() as tmp:
     names = os.path.join(tmp, "cases.json")
     out = os.path.join(tmp, "results.json")
@@ -260,7 +265,7 @@ def run_child(case_names: Sequence[str], target_names: Sequence[str], *, all_cas
 
 
 def _compile_in_child(case_names, target_names, all_cases: bool) -> list[Result]:
-  from numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
+  from lowprec.numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
   table = cases_lib.all_cases() if all_cases else cases_lib.CASES
   results = []
   for target in (t for t in TARGETS if t.name in target_names):
@@ -314,44 +319,51 @@ def table(results: list[Result], case_names: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--all", action="store_true", help="the full product of cases")
-  p.add_argument("--targets", default=",".join(t.name for t in TARGETS))
-  p.add_argument("--cases", default="", help="only cases whose name contains this")
-  p.add_argument("--vmem", action="store_true", help="measure TPU scoped VMEM")
-  p.add_argument("--toolchain", default=None, help="directory holding the toolchain")
-  p.add_argument("--json", default=None, help="write the results here")
-  p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--case_file", default=None, help=argparse.SUPPRESS)
-  a = p.parse_args(argv)
-  target_names = [t for t in a.targets.split(",") if t]
+def define_flags() -> None:
+  """Defines this script's flags; called only when it runs as a script, so that
+  importing the module (a test, another script) defines no flag names."""
+  flags.DEFINE_bool("all", False, "Compile the full product of cases (331).")
+  flags.DEFINE_list("targets", [t.name for t in TARGETS], "Targets to compile for.")
+  flags.DEFINE_string("cases", "", "Only the cases whose name contains this.")
+  flags.DEFINE_bool("vmem", False, "Measure each TPU case's scoped VMEM (a ladder "
+                    "of limits, one child process per limit).")
+  flags.DEFINE_string("toolchain", None, "Directory holding the compile "
+                      "toolchain (else it must be importable).")
+  flags.DEFINE_string("json", None, "Write the results here.")
+  flags.DEFINE_bool("child", False, "The check's own child process (internal).")
+  flags.DEFINE_string("case_file", None, "The child's case names (internal).")
+
+
+def main(argv: Sequence[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  target_names = list(flags.FLAGS.targets)
   unknown = set(target_names) - {t.name for t in TARGETS}
   if unknown:
-    p.error(f"unknown targets {sorted(unknown)}; known: {[t.name for t in TARGETS]}")
-
-  if a.child:
+    raise app.UsageError(f"unknown targets {sorted(unknown)}; known: "
+                         f"{[t.name for t in TARGETS]}")
+  if flags.FLAGS.child:
     if os.environ.get(_CHILD_ENV) != "1":
-      p.error("--child is the check's own child process")
-    with open(a.case_file) as f:
+      raise app.UsageError("--child is the check's own child process")
+    with open(flags.FLAGS.case_file) as f:
       names = json.load(f)
-    results = _compile_in_child(names, target_names, a.all)
-    with open(a.json, "w") as f:
+    results = _compile_in_child(names, target_names, flags.FLAGS.all)
+    with open(flags.FLAGS.json, "w") as f:
       json.dump({"results": [dataclasses.asdict(r) for r in results]}, f)
     return 0
 
-  from numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
-  names = [n for n in (cases_lib.all_cases() if a.all else cases_lib.CASES)
-           if a.cases in n]
-  if a.toolchain is None and (why := toolchain_missing()):
+  from lowprec.numerics.kernels import cases as cases_lib  # pylint: disable=g-import-not-at-top
+  names = [n for n in (cases_lib.all_cases() if flags.FLAGS.all else cases_lib.CASES)
+           if flags.FLAGS.cases in n]
+  toolchain = flags.FLAGS.toolchain
+  if toolchain is None and (why := toolchain_missing()):
     print(why, file=sys.stderr)
     return 2
   import jax  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
-  results = run_child(names, target_names, all_cases=a.all, toolchain=a.toolchain)
-  if a.vmem:
-    measure_vmem(results, names, all_cases=a.all, toolchain=a.toolchain)
+  results = run_child(names, target_names, all_cases=flags.FLAGS.all, toolchain=toolchain)
+  if flags.FLAGS.vmem:
+    measure_vmem(results, names, all_cases=flags.FLAGS.all, toolchain=toolchain)
   elapsed = time.perf_counter() - t0
   failed = [r for r in results if not r.ok]
   print(f"jax {jax.__version__}; deviceless compile for {', '.join(target_names)}\n")
@@ -359,8 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"\n{len(results)} compiles, {len(failed)} failed, {elapsed:.0f} s")
   for t in TARGETS:
     print(f"roofline {t.name}: {t.source}")
-  if a.json:
-    with open(a.json, "w") as f:
+  if flags.FLAGS.json:
+    with open(flags.FLAGS.json, "w") as f:
       json.dump({"jax": jax.__version__, "targets": [dataclasses.asdict(t) for t in TARGETS],
                  "seconds": elapsed,
                  "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
@@ -368,4 +380,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  define_flags()
+  app.run(lambda argv: sys.exit(main(argv)))

@@ -17,17 +17,24 @@ one of four implementations (:data:`IMPLS`):
 
 Resolution: ``interpret=True`` gives ``"interpret"``; ``use_kernel=True`` gives
 ``"pallas"`` and ``use_kernel=False`` gives ``"jnp"``; ``use_kernel=None`` (the default)
-reads the environment variable ``NUMERICS_KERNELS`` (one of :data:`IMPLS`, default
-``"auto"``). The variable is read when a function is traced, so set it before the first
-call of a jitted training step (a jit cache entry keeps the choice it was traced with).
-The training path (:func:`numerics.kernels.quantize_dequantize`, called by
-:mod:`numerics.qdot`) follows the variable.
+gives the caller's choice for the calls it traces, ``with
+kernels.implementation("jnp"): ...`` (a context manager, thread- and task-local), and
+outside any such block the process default: the environment variable
+``NUMERICS_KERNELS`` (one of :data:`IMPLS`, default ``"auto"``), read once, at the first
+resolution (a command-line convenience: ``NUMERICS_KERNELS=jnp python -m
+experiments.lm``). The choice applies when a function is traced: a jit cache entry
+keeps the implementation it was traced with, so choose before the first call of a
+jitted step. The training path (:func:`numerics.kernels.quantize_dequantize`, called by
+:mod:`numerics.qdot`) follows the same rule.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import os
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 import jax
 from jax import lax
@@ -40,12 +47,46 @@ GPU, TPU = "gpu", "tpu"
 VARIANTS = (GPU, TPU)
 
 
-def default_impl() -> Impl:
-  """The implementation ``NUMERICS_KERNELS`` names (``auto`` when unset)."""
-  value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+_CHOSEN: contextvars.ContextVar[Impl | None] = contextvars.ContextVar(
+    "numerics_kernel_implementation", default=None)
+
+
+def check_impl(impl: str) -> Impl:
+  if impl not in IMPLS:
+    raise ValueError(f"kernel implementation must be one of {', '.join(IMPLS)}, got "
+                     f"{impl!r}")
+  return impl
+
+
+def impl_from_environment(environ: Mapping[str, str]) -> Impl:
+  """The implementation ``NUMERICS_KERNELS`` names in ``environ`` (``auto`` unset)."""
+  value = environ.get(ENV_VAR, "auto").strip().lower() or "auto"
   if value not in IMPLS:
     raise ValueError(f"{ENV_VAR}={value!r}; expected one of {', '.join(IMPLS)}")
   return value
+
+
+@functools.cache
+def _process_default() -> Impl:
+  return impl_from_environment(os.environ)  # read once
+
+
+@contextlib.contextmanager
+def implementation(impl: Impl) -> Iterator[None]:
+  """Within the block, kernel entry points called with ``use_kernel=None`` (the training
+  path included) trace ``impl`` (see the module docstring)."""
+  token = _CHOSEN.set(check_impl(impl))
+  try:
+    yield
+  finally:
+    _CHOSEN.reset(token)
+
+
+def default_impl() -> Impl:
+  """The implementation ``use_kernel=None`` resolves to here: the innermost
+  :func:`implementation` block's, else ``NUMERICS_KERNELS`` (read once), else ``auto``."""
+  chosen = _CHOSEN.get()
+  return chosen if chosen is not None else _process_default()
 
 
 def resolve(use_kernel: bool | None, interpret: bool, *, interpret_as: str = GPU,

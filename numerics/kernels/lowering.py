@@ -1,6 +1,6 @@
 """Lowers every kernel case for ``cuda`` and ``tpu``, without a device or toolchain.
 
-    python -m numerics.kernels.lowering            # prints the kernel | cuda | tpu table
+    python -m lowprec.numerics.kernels.lowering            # prints the kernel | cuda | tpu table
 
 ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))`` runs the Pallas
 backend's own lowering (Triton for ``cuda``, Mosaic for ``tpu``) and its checks --
@@ -19,7 +19,7 @@ import time
 from absl import app
 import jax
 
-from numerics.kernels.cases import CASES, MATMUL_SIZE, QUANTIZE_SHAPE  # pylint: disable=unused-import
+from lowprec.numerics.kernels.cases import CASES, MATMUL_SIZE, QUANTIZE_SHAPE  # pylint: disable=unused-import
 
 PLATFORMS = ("cuda", "tpu")
 

@@ -25,16 +25,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import gradients
-from numerics.blockscale import MX_BLOCK
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
-from numerics.kernels import blockwise
-from numerics.kernels import dispatch
+from lowprec.numerics import blockscale
+from lowprec.numerics import gradients
+from lowprec.numerics.blockscale import MX_BLOCK
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.kernels import blockwise
+from lowprec.numerics.kernels import dispatch
 
 
-def _check(x, fmt, scale_rule, rounding, key, rand_bits):
+def _check(x, fmt, scale_rule, rounding, key, rand_bits, fn):
   f = formats_lib.get(fmt)
   if f.name not in blockscale.MX_ELEMENT_FORMATS:
     raise ValueError(f"MX element format must be one of {blockscale.MX_ELEMENT_FORMATS}, "
@@ -51,10 +51,7 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits):
     raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
                      f"rounding={rounding!r} would ignore them")
   rounding_lib.check_rand_bits(rand_bits)
-  x = jnp.asarray(x)
-  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-    raise TypeError(f"expected a float32, bfloat16 or float16 array, got {x.dtype}")
-  return f, x
+  return f, rounding_lib.check_float_input(x, fn)
 
 
 def _quantize_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
@@ -99,7 +96,7 @@ def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, rand_bits, tile, impl,
     codes, scales = blockwise.blockwise_call(
         body, x2, axis=axis, block=MX_BLOCK,
         outputs=((blockwise.FULL, jnp.uint8), (blockwise.BLOCKS, jnp.uint8)),
-        seeds=blockwise.seeds_of(key), scalars=jnp.zeros((2,), jnp.float32),
+        seeds=blockwise.seeds_of(key, xp), scalars=jnp.zeros((2,), jnp.float32),
         variant=variant, interpret=interpret, tile=tile, name="mx_quantize")
     return (codes.reshape(xp.shape),
             scales.reshape(xp.shape[:-1] + (xp.shape[-1] // MX_BLOCK,)))
@@ -134,7 +131,8 @@ def mx_quantize(x: jax.Array, fmt: str = "e4m3", *, scale_rule: str = "floor",
   Returns:
     A :class:`numerics.QuantizedArray` (axes ``(ndim-1,)``, blocks ``(32,)``).
   """
-  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits)
+  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits,
+                "mx_quantize")
   if x.ndim < 1:
     raise ValueError("mx_quantize needs an array with at least one axis")
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
@@ -165,7 +163,7 @@ def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, rand_bits, tile, impl,
                              rand_bits=rand_bits)
     (out,) = blockwise.blockwise_call(
         body, x2, axis=axis2, block=MX_BLOCK, outputs=((blockwise.FULL, jnp.float32),),
-        seeds=blockwise.seeds_of(key), scalars=jnp.zeros((2,), jnp.float32),
+        seeds=blockwise.seeds_of(key, xp), scalars=jnp.zeros((2,), jnp.float32),
         variant=variant, interpret=interpret, tile=tile, name="mx_quantize_dequantize")
     return out.reshape(xp.shape)
 
@@ -192,7 +190,8 @@ def mx_quantize_dequantize(x: jax.Array, fmt: str = "e4m3", *, axis: int = -1,
   Returns:
     float32, x's shape. Gradient: straight-through (:mod:`numerics.gradients`).
   """
-  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits)
+  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits,
+                "mx_quantize_dequantize")
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, MX_BLOCK, pad)

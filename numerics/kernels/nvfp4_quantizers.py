@@ -25,15 +25,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import gradients
-from numerics.blockscale import NVFP4_BLOCK
-from numerics import rounding as rounding_lib
-from numerics.kernels import blockwise
-from numerics.kernels import dispatch
+from lowprec.numerics import blockscale
+from lowprec.numerics import gradients
+from lowprec.numerics.blockscale import NVFP4_BLOCK
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.kernels import blockwise
+from lowprec.numerics.kernels import dispatch
 
 
-def _check(x, rounding, key, rand_bits):
+def _check(x, rounding, key, rand_bits, fn):
   if rounding not in rounding_lib.ROUNDINGS:
     raise ValueError(f"unknown rounding {rounding!r}; known: "
                      f"{', '.join(rounding_lib.ROUNDINGS)}")
@@ -43,9 +43,7 @@ def _check(x, rounding, key, rand_bits):
     raise ValueError(f"key and rand_bits are used by rounding='stochastic' only; "
                      f"rounding={rounding!r} would ignore them")
   rounding_lib.check_rand_bits(rand_bits)
-  x = jnp.asarray(x)
-  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-    raise TypeError(f"expected a float32, bfloat16 or float16 array, got {x.dtype}")
+  x = rounding_lib.check_float_input(x, fn)
   if x.ndim < 1:
     raise ValueError("NVFP4 needs an array with at least one axis")
   return x
@@ -58,26 +56,32 @@ def _body(x, words, scalars, axis, *, rounding, rand_bits, dequantize):
   if dequantize == "blocks":
     return (values,)
   if dequantize:
-    return (values * scalars[1],)
+    # 1/S_enc can be subnormal (tensor amax < 2688 * 2^-126), which TPUs and XLA:CPU
+    # read as zero: the exact integer product then, behind a scalar branch.
+    return (blockscale.tensor_scaled(scalars[1], lambda mul: mul(values, scalars[1])),)
   return codes, scales
 
 
-_STATIC = ("axis", "rounding", "rand_bits", "tile", "impl", "interpret_as", "dequantize")
+_STATIC = ("axis", "rounding", "rand_bits", "tile", "impl", "interpret_as", "dequantize",
+           "amax_axis_name")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequantize):
+def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequantize,
+           amax_axis_name):
   xf = xp.astype(jnp.float32)
-  s_enc, inv_s_enc = blockscale.nvfp4_tensor_scale(xf)
+  s_enc, inv_s_enc = blockscale.nvfp4_tensor_scale(xf, amax_axis_name=amax_axis_name)
 
   def jnp_fn(xp, key, s_enc, inv_s_enc):
     del s_enc, inv_s_enc
     stochastic = (dict(key=key, rand_bits=rand_bits, rng="hash")
                   if rounding == "stochastic" else {})
     if dequantize == "blocks":
-      return blockscale.quantize_dequantize_nvfp4_blocks(xp, axis=axis, rounding=rounding,
-                                                         **stochastic)[0]
-    q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding, **stochastic)
+      return blockscale.quantize_dequantize_nvfp4_blocks(
+          xp, axis=axis, rounding=rounding, amax_axis_name=amax_axis_name,
+          **stochastic)[0]
+    q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding,
+                                  amax_axis_name=amax_axis_name, **stochastic)
     if dequantize:
       return blockscale.dequantize(q)
     return q.codes, q.scales
@@ -92,7 +96,7 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
       outputs = ((blockwise.FULL, jnp.uint8), (blockwise.BLOCKS, jnp.uint8))
     res = blockwise.blockwise_call(
         body, x2, axis=axis2, block=NVFP4_BLOCK, outputs=outputs,
-        seeds=blockwise.seeds_of(key), scalars=jnp.stack([s_enc, inv_s_enc]),
+        seeds=blockwise.seeds_of(key, xp), scalars=jnp.stack([s_enc, inv_s_enc]),
         variant=variant, interpret=interpret, tile=tile,
         name=("nvfp4_quantize_dequantize_blocks" if dequantize == "blocks" else
               "nvfp4_quantize_dequantize" if dequantize else "nvfp4_quantize"))
@@ -110,7 +114,9 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
                    key: jax.Array | None = None, rand_bits: int | None = None,
                    pad: bool = False, tile: tuple[int, int] | None = None,
                    interpret: bool = False, use_kernel: bool | None = None,
-                   interpret_as: str = dispatch.GPU) -> blockscale.QuantizedArray:
+                   interpret_as: str = dispatch.GPU,
+                   amax_axis_name: blockscale.AmaxAxisName = None
+                   ) -> blockscale.QuantizedArray:
   """NVFP4 quantization in 1x16 blocks along the last axis, as one Pallas kernel.
 
   Equal bit for bit to ``numerics.quantize_nvfp4(x, rounding=..., key=...,
@@ -119,19 +125,23 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
   Args:
     x: float32/bfloat16/float16, ndim >= 1; the last axis a multiple of 16 unless
       ``pad``.
+    amax_axis_name: as :func:`numerics.quantize_nvfp4` (the tensor amax over these
+      mesh axes inside ``shard_map``).
     Others: as :func:`numerics.kernels.mx_quantize`.
 
   Returns:
     A :class:`numerics.QuantizedArray` (E2M1 codes, E4M3 scale codes,
     ``tensor_scale = 1/S_enc``).
   """
-  x = _check(x, rounding, key, rand_bits)
+  x = _check(x, rounding, key, rand_bits, "nvfp4_quantize")
+  amax_axis_name = blockscale.check_amax_axis_name(amax_axis_name, "nvfp4_quantize")
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, x.ndim - 1, NVFP4_BLOCK, pad)
   (codes, scales), inv_s_enc = _nvfp4(
       xp, key if rounding == "stochastic" else None, axis=x.ndim - 1, rounding=rounding,
       rand_bits=rand_bits, tile=None if tile is None else tuple(tile), impl=impl,
-      interpret_as=dispatch.check_variant(interpret_as), dequantize=False)
+      interpret_as=dispatch.check_variant(interpret_as), dequantize=False,
+      amax_axis_name=amax_axis_name)
   return blockscale.QuantizedArray(
       codes=codes, scales=scales, tensor_scale=inv_s_enc, fmt="e2m1", scale_fmt="e4m3",
       axes=(x.ndim - 1,), block_shape=(NVFP4_BLOCK,), shape=tuple(x.shape),
@@ -139,17 +149,19 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
 
 
 def _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret, use_kernel,
-                    interpret_as, *, dequantize):
+                    interpret_as, *, dequantize, fn, amax_axis_name):
   """(checked x, x padded along the blocked axis, ``run(xp, key)`` returning
   ``_nvfp4``'s (output, 1/S_enc)) of the fused fake quantizers."""
-  x = _check(x, rounding, key, rand_bits)
+  x = _check(x, rounding, key, rand_bits, fn)
+  amax_axis_name = blockscale.check_amax_axis_name(amax_axis_name, fn)
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
   run = lambda xp, key: _nvfp4(
       xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
       tile=None if tile is None else tuple(tile), impl=impl,
-      interpret_as=dispatch.check_variant(interpret_as), dequantize=dequantize)
+      interpret_as=dispatch.check_variant(interpret_as), dequantize=dequantize,
+      amax_axis_name=amax_axis_name)
   return x, xp, run
 
 
@@ -158,7 +170,9 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
                               rand_bits: int | None = None, pad: bool = False,
                               tile: tuple[int, int] | None = None,
                               interpret: bool = False, use_kernel: bool | None = None,
-                              interpret_as: str = dispatch.GPU) -> jax.Array:
+                              interpret_as: str = dispatch.GPU,
+                              amax_axis_name: blockscale.AmaxAxisName = None
+                              ) -> jax.Array:
   """Fused NVFP4 fake quantization: float32 ``dequantize(quantize_nvfp4(x))``.
 
   Equal bit for bit to ``numerics.dequantize(numerics.quantize_nvfp4(x, axis=axis,
@@ -172,7 +186,9 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
   Gradient: straight-through (:mod:`numerics.gradients`).
   """
   x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
-                               use_kernel, interpret_as, dequantize=True)
+                               use_kernel, interpret_as, dequantize=True,
+                               fn="nvfp4_quantize_dequantize",
+                               amax_axis_name=amax_axis_name)
   out = gradients.straight_through(lambda xp, key: run(xp, key)[0], xp,
                                    key if rounding == "stochastic" else None)
   return out[tuple(slice(0, d) for d in x.shape)]
@@ -185,7 +201,8 @@ def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
                                      tile: tuple[int, int] | None = None,
                                      interpret: bool = False,
                                      use_kernel: bool | None = None,
-                                     interpret_as: str = dispatch.GPU
+                                     interpret_as: str = dispatch.GPU,
+                                     amax_axis_name: blockscale.AmaxAxisName = None
                                      ) -> tuple[jax.Array, jax.Array]:
   """:func:`nvfp4_quantize_dequantize` up to its tensor scale: ``(values, 1/S_enc)``.
 
@@ -199,7 +216,9 @@ def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
   ``jax.grad``: ``values`` is not in x's units).
   """
   x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
-                               use_kernel, interpret_as, dequantize="blocks")
+                               use_kernel, interpret_as, dequantize="blocks",
+                               fn="nvfp4_quantize_dequantize_blocks",
+                               amax_axis_name=amax_axis_name)
   values, inv_s_enc = gradients.not_differentiable(
       run, "nvfp4_quantize_dequantize_blocks",
       "nvfp4_quantize_dequantize (straight-through)")(

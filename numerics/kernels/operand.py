@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import jax
 
-from numerics import blockscale
-from numerics import gradients
-from numerics import quantizer
-from numerics.kernels import dispatch
-from numerics.kernels import mx_quantizers
-from numerics.kernels import nvfp4_quantizers
+from lowprec.numerics import blockscale
+from lowprec.numerics import gradients
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import mx_quantizers
+from lowprec.numerics.kernels import nvfp4_quantizers
 
 
 def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
@@ -68,6 +69,7 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
   straight-through, as :func:`numerics.quantizer.quantize_dequantize`. ``use_kernel``, ``interpret``,
   ``interpret_as``: as :func:`numerics.kernels.mx_quantize`.
   """
+  x = rounding_lib.check_float_input(x, "kernels.quantize_dequantize")
   if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return quantizer.quantize_dequantize(x, spec, key=key)
   _check_key(spec, key)
@@ -75,7 +77,7 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
   if spec.fmt == "nvfp4":
     kernel = lambda x, key: nvfp4_quantizers.nvfp4_quantize_dequantize(
         x, axis=spec.axis, rounding=spec.rounding, key=key, rand_bits=spec.rand_bits,
-        pad=spec.pad, **mode)
+        pad=spec.pad, amax_axis_name=spec.amax_axis_name, **mode)
   else:
     kernel = lambda x, key: mx_quantizers.mx_quantize_dequantize(
         x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
@@ -103,6 +105,7 @@ def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
   spec), None)``. Not differentiable when the scale is split (raises under
   ``jax.grad``); :mod:`numerics.qdot` calls it inside its custom VJP.
   """
+  x = rounding_lib.check_float_input(x, "kernels.quantize_dequantize_split")
   if not splits_tensor_scale(spec):
     return quantize_dequantize(x, spec, key=key, use_kernel=use_kernel,
                                interpret=interpret, interpret_as=interpret_as), None
@@ -111,7 +114,9 @@ def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
   if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return blockscale.quantize_dequantize_nvfp4_blocks(
         x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-        pad=spec.pad, **stochastic, **(dict(rng=spec.rng) if spec.needs_key else {}))
+        pad=spec.pad, amax_axis_name=spec.amax_axis_name, **stochastic,
+        **(dict(rng=spec.rng) if spec.needs_key else {}))
   return nvfp4_quantizers.nvfp4_quantize_dequantize_blocks(
       x, axis=spec.axis, rounding=spec.rounding, pad=spec.pad, use_kernel=use_kernel,
-      interpret=interpret, interpret_as=interpret_as, **stochastic)
+      interpret=interpret, interpret_as=interpret_as,
+      amax_axis_name=spec.amax_axis_name, **stochastic)

@@ -10,18 +10,18 @@
     bf16_master_weights(rounding="stochastic" | "kahan" | "nearest")   last in a chain
 """
 
-from numerics.optim.deoscillation import DeoscillationState, deoscillate
-from numerics.optim.master_weights import MasterWeightsState, bf16_master_weights
-from numerics.optim.moment_codecs import (EncodedMoment, MomentCodec, StateFormat,
+from lowprec.numerics.optim.deoscillation import DeoscillationState, deoscillate
+from lowprec.numerics.optim.master_weights import MasterWeightsState, bf16_master_weights
+from lowprec.numerics.optim.moment_codecs import (EncodedMoment, MomentCodec, StateFormat,
                                           state_format, state_format_names)
-from numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
+from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
                                            quantized_adamw, scale_by_quantized_adam)
-from numerics.optim.handoff import (HandoffState, handoff, in_second_phase,
+from lowprec.numerics.optim.handoff import (HandoffState, handoff, in_second_phase,
                                     momentum_transfer, no_transfer)
-from numerics.optim.muon import (MuonState, all_matrices_labels, default_param_labels, muon,
+from lowprec.numerics.optim.muon import (MuonState, all_matrices_labels, default_param_labels, muon,
                                  newton_schulz, scale_by_muon, shape_scale)
-from numerics.optim.sam import SAMState, perturbation, sam
-from numerics.optim.schedules import cosine_schedule, cycle_lengths, warm_restarts_schedule
+from lowprec.numerics.optim.sam import SAMState, perturbation, sam
+from lowprec.numerics.optim.schedules import cosine_schedule, cycle_lengths, warm_restarts_schedule
 
 __all__ = [
     "DeoscillationState", "deoscillate", "HandoffState", "MuonState", "SAMState", "all_matrices_labels", "cosine_schedule",

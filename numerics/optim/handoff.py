@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from numerics.optim.muon import MuonState
+from lowprec.numerics.optim.muon import MuonState
 
 Transfer = Callable[[Any, Any, Any], Any]
 

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from numerics import rounding as rounding_lib
-from numerics import tree_paths
-from numerics.optim import step_keys
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics import tree_paths
+from lowprec.numerics.optim import step_keys
 
 ROUNDINGS = ("nearest", "stochastic", "kahan")
 _FORMAT_OF_DTYPE = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16"}

@@ -67,12 +67,12 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from numerics import blockscale
-from numerics import codebooks
-from numerics import encoding
-from numerics import formats as formats_lib
-from numerics import random_bits as random_bits_lib
-from numerics import rounding as rounding_lib
+from lowprec.numerics import blockscale
+from lowprec.numerics import codebooks
+from lowprec.numerics import encoding
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import random_bits as random_bits_lib
+from lowprec.numerics import rounding as rounding_lib
 
 KINDS = ("identity", "cast", "scaled", "codebook", "mx")
 SCALED_FORMATS = ("int8", "e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
@@ -243,8 +243,8 @@ class MomentCodec:
     b = self.block_size
     nb = -(-n // b)
     x_NxB = jnp.pad(x.reshape(-1), (0, nb * b - n)).reshape(nb, b)
-    words = (random_bits_lib.random_words(key, x_NxB.shape) if self.is_stochastic
-             else None)
+    words = (random_bits_lib.random_words(key, x_NxB.shape, shard_of=x_NxB)
+             if self.is_stochastic else None)
     if self.kind == "codebook":
       codes, absmax = codebooks.quantize_blocks(x_NxB, self.fmt, rounding=self.rounding,
                                                 words=words)
@@ -495,13 +495,6 @@ def state_format(name: str, *, block_size: int | None = None,
   nu = MomentCodec(nu_kind, nu_fmt, unsigned=nu_kind != "identity", sqrt=sqrt_nu,
                    **common)
   return StateFormat(name, mu, nu, min_size)
-
-
-def format_anchor(name: str) -> str:
-  """One line saying where the named state format comes from."""
-  if name not in _FORMATS:
-    raise ValueError(f"unknown state format {name!r}")
-  return _FORMATS[name][5]
 
 
 def tree_decode(tree: Any) -> Any:

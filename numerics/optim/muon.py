@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from numerics import tree_paths
+from lowprec.numerics import tree_paths
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}

@@ -49,9 +49,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from numerics import tree_paths
-from numerics.optim import moment_codecs
-from numerics.optim import step_keys
+from lowprec.numerics import tree_paths
+from lowprec.numerics.optim import moment_codecs
+from lowprec.numerics.optim import step_keys
 
 _MU_TAG, _NU_TAG = 0, 1
 

@@ -11,12 +11,9 @@ the same bits as an uninterrupted one.
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from numerics import tree_paths
 
 
 def name_tag(name: str) -> int:
@@ -42,10 +39,3 @@ def as_key(key: jax.Array | int) -> jax.Array:
 def leaf_key(key: jax.Array, step: jax.Array, name: str) -> jax.Array:
   """``fold_in(fold_in(key, step), name_tag(name))``."""
   return jax.random.fold_in(jax.random.fold_in(key, step), name_tag(name))
-
-
-def step_leaf_keys(key: jax.Array, step: jax.Array, tree: Any, root: str = "root") -> Any:
-  """A pytree of ``tree``'s structure holding each leaf's key at ``step``."""
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-  keys = [leaf_key(key, step, tree_paths.path_name(path, root)) for path, _ in leaves]
-  return jax.tree_util.tree_unflatten(treedef, keys)

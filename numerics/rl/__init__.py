@@ -10,26 +10,25 @@ arrays are ``[B, T]`` float32 with a ``mask`` ``[B, T]`` (1 = completion token t
     policy_loss.grpo_loss(learner_logp, behaviour_logp, adv, mask, ...)
     mismatch.mismatch_kl(learner_logp, behaviour_logp, mask)
     sampler_copy.maybe_refresh(copy, learner_params, step, interval, export)
-    serving.resolve_layer_plan(params, "mxfp8", keep=("head/*",))   # served recipes
-    weight_sync.run_sync_checks(...)                        # the seven sync checks
+
+The weight-sync checks, serving plans and calibrated parity tolerances of MXFP8 RL live
+with that paper (``experiments/mxfp8_rl/``): they are research infrastructure, not
+arithmetic.
 """
 
-from numerics.rl import advantages
-from numerics.rl import importance
-from numerics.rl import mismatch
-from numerics.rl import policy_loss
-from numerics.rl import parity_tolerances
-from numerics.rl import sampler_copy
-from numerics.rl import serving
-from numerics.rl import weight_sync
-from numerics.rl.advantages import group_advantages
-from numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
-from numerics.rl.mismatch import mismatch_kl
-from numerics.rl.policy_loss import grpo_loss, normalize_loss, ppo_clip_objective
+from lowprec.numerics.rl import advantages
+from lowprec.numerics.rl import importance
+from lowprec.numerics.rl import mismatch
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl import sampler_copy
+from lowprec.numerics.rl.advantages import group_advantages
+from lowprec.numerics.rl.importance import ISWeights, importance_weights, is_statistics, log_ratio
+from lowprec.numerics.rl.mismatch import mismatch_kl
+from lowprec.numerics.rl.policy_loss import grpo_loss, normalize_loss, ppo_clip_objective
 
 __all__ = [
-    "advantages", "importance", "mismatch", "parity_tolerances", "policy_loss",
-    "sampler_copy", "serving", "weight_sync", "group_advantages", "ISWeights",
+    "advantages", "importance", "mismatch", "policy_loss", "sampler_copy",
+    "group_advantages", "ISWeights",
     "importance_weights", "is_statistics", "log_ratio", "mismatch_kl", "grpo_loss",
     "normalize_loss", "ppo_clip_objective",
 ]

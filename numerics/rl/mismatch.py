@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numerics.rl import importance
+from lowprec.numerics.rl import importance
 
 
 def mismatch_kl(learner_logp: jax.Array, behaviour_logp: jax.Array,

@@ -32,8 +32,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numerics.rl import importance
-from numerics.rl import mismatch
+from lowprec.numerics.rl import importance
+from lowprec.numerics.rl import mismatch
 
 NORMALIZATIONS = ("token", "sequence", "constant")
 

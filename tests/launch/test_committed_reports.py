@@ -2,8 +2,9 @@
 
 The reports built under the evidence rules (``REPORTS``): each REPORT.md rebuilds from
 the committed files alone, identical to the committed one, every run's events and
-HParams are committed, and no committed report file names a path of the machine that
-wrote it.
+HParams are committed, every HParams metric column and every metric a claim reads is in
+every run's events (read with TensorBoard's own reader, as its HParams view does), and
+no committed report file names a path of the machine that wrote it.
 """
 
 import dataclasses
@@ -15,7 +16,9 @@ import shutil
 import pytest
 
 from experiments.common.repo_paths import REPO_DIR
-from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
+from experiments.common.tensorboard_reader import (read_hparams_experiment,
+                                                   read_hparams_session, read_scalars)
+from launch import event_metrics
 from launch.report import build_report
 
 # experiments/<these> : every sweep report built under the evidence rules
@@ -44,6 +47,11 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
       assert scalars["eval/loss"][-1][0] == m["config"]["num_steps"]
     session = read_hparams_session(str(run))
     assert session["trial_id"] == m["run_name"] and session["status"] == "STATUS_SUCCESS"
+  # TensorBoard is pointed at runs/: the experiment summary is its root run, and each
+  # HParams column (a declared metric) is filled from every run's events.
+  experiment = read_hparams_experiment(str(copy / "runs"))
+  assert experiment["metrics"] == info["metrics"]
+  assert event_metrics.missing(str(copy)) == {}
 
 
 def test_committed_report_files_name_no_machine_path():

@@ -111,3 +111,65 @@ def test_claim_counts_seeds_where_the_arm_is_better_in_the_metrics_direction():
   assert "arm better on 2/3" in cell
   cell, _ = claim_verdict(claim, arm, base, higher_is_better=True)
   assert "arm better on 1/3" in cell
+
+
+def _synthetic_sweep(tmp_path, overrides=None):
+  """A 2 x 2 sweep, every run with a results row and train/loss, eval/loss events."""
+  sweep = Sweep("toy", "experiments.lm", LMConfig(), (Arm("base", {"recipe": "fp32"}),
+                                                      Arm("low", {"recipe": "bf16"})),
+                seeds=(0, 1), baseline="base", metrics=("eval/loss",))
+  runs = expand(sweep, str(tmp_path), overrides)
+  write_manifest(sweep, runs, str(tmp_path), overrides=overrides)
+  for r in runs:
+    w = MetricWriter(r.workdir)
+    for step in range(1, 21):
+      w.write_scalars(step, {"train/loss": 2.0 / step, "eval/loss": 1.0 / step})
+    w.close()
+    append_result(r.results_file, {"run_name": r.run_name, "metrics": {"eval/loss": 0.05}})
+  return runs
+
+
+def test_curves_over_fewer_runs_than_the_table_and_damaged_events_are_named(tmp_path):
+  """Before: with a run's event files missing the report said 4 of 4 runs and averaged
+  its curves over fewer, with no note; a damaged event file lost every record after
+  the damage, silently (issue 35)."""
+  import os  # pylint: disable=import-outside-toplevel
+  runs = _synthetic_sweep(tmp_path)
+  complete = open(build_report(str(tmp_path))).read()
+  lost, damaged = runs[3], runs[1]
+  for f in os.listdir(lost.workdir):
+    os.remove(os.path.join(lost.workdir, f))
+  [events] = [os.path.join(damaged.workdir, f) for f in os.listdir(damaged.workdir)]
+  raw = bytearray(open(events, "rb").read())
+  raw[len(raw) // 2] ^= 0xFF
+  open(events, "wb").write(bytes(raw))
+  text = open(build_report(str(tmp_path))).read()
+  assert "- runs completed: 4 of 4" in text
+  assert f"**Completed runs without events** (no event file in their run directory, so no " \
+         f"curves): `{lost.run_name}`" in text
+  name = os.path.relpath(events, tmp_path)
+  assert f"**Damaged event files** " in text and f"`{name}: bytes " in text
+  for tag in ("train/loss", "eval/loss"):
+    assert (f"`{tag}` curves not over the table's runs: `low` is the mean of 1 run(s), "
+            f"not the table's 2 (no `{tag}` events in `{lost.run_name}`).") in text
+  # Only these lines are new: a complete sweep's report is as before.
+  new = [l for l in text.splitlines() if l not in complete.splitlines()]
+  assert len(new) == 4 and not any("Damaged" in l or "without events" in l or "not over" in l
+                                   for l in complete.splitlines())
+
+
+def test_overrides_are_recorded_and_in_the_reproduce_command(tmp_path):
+  """Before: ``launch.sweep --override=num_steps=60`` left sweep.json saying the
+  declared 1000 steps, and REPORT.md and its Reproduce command never mentioned it."""
+  import json  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweep_data import config_value  # pylint: disable=import-outside-toplevel
+  _synthetic_sweep(tmp_path, {"num_steps": 600, "recipe": "fp8"})
+  info = json.load(open(tmp_path / "sweep.json"))
+  assert info["overrides"] == {"num_steps": 600, "recipe": "fp8"}
+  assert info["base"]["num_steps"] == 600  # the config the runs started from
+  assert config_value(info, "low", "recipe") == "fp8"  # over the arm's, as the runs had it
+  text = open(build_report(str(tmp_path))).read()
+  assert ("- overrides applied to every run over the declared sweep (`--override`): "
+          "`num_steps=600`, `recipe=fp8`") in text
+  assert (f"`python -m launch.sweep --sweep=toy --sweep_dir={tmp_path} "
+          "--override=num_steps=600 --override=recipe=fp8` reruns it") in text

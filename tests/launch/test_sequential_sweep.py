@@ -239,13 +239,3 @@ def test_cli_runs_a_sequential_sweep_and_resumes(tmp_path):
   assert "| 2 of 3 (n = 6) | [10, 11, 12, 13, 14, 15] | **held** |" in text
   info = json.load(open(sweep_dir / "sweep.json"))
   assert info["sequential"]["cap"] == 9 and info["measured"]["runs_executed"] == 6 + 1
-
-
-def test_docs_sweeps_python_blocks_run():
-  """docs/sweeps.md's examples run as written, each on its own."""
-  text = open(os.path.join(REPO_DIR, "docs", "sweeps.md")).read()
-  blocks = [b for lang, b in re.findall(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)
-            if lang == "python"]
-  assert blocks
-  for i, code in enumerate(blocks):
-    exec(compile(code, f"docs/sweeps.md python block {i}", "exec"), {"__name__": "docs"})

@@ -35,15 +35,45 @@ def _check(sweep_dir, arms, seeds=(0, 1)):
   assert sorted(exp["hparams"]["recipe"]) == sorted(arms) and exp["metrics"][0] == "eval/loss"
 
 
-def test_builtin_recipes_sweep_runs_locally(tmp_path):
-  out = _sweep("lm_builtin_recipes", tmp_path / "sw")
+def test_builtin_recipes_sweep_runs_locally_and_a_rerun_mends_what_was_lost(tmp_path):
+  """The rerun half (issue 35). Before: a row appended after a partial last line was
+  glued onto it; a completed run whose row was lost never got it back; a run whose
+  events were lost was averaged out of the curves with no note."""
+  sw = tmp_path / "sw"
+  out = _sweep("lm_builtin_recipes", sw)
   assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-  _check(str(tmp_path / "sw"), ("fp32", "bf16"))
-  lines = open(tmp_path / "sw" / "manifest.jsonl").read().splitlines()
+  _check(str(sw), ("fp32", "bf16"))
+  lines = open(sw / "manifest.jsonl").read().splitlines()
   assert len(lines) == 4 and json.loads(lines[0])["arm"] == "fp32"
-  again = _sweep("lm_builtin_recipes", tmp_path / "sw")  # finished runs are skipped
-  assert again.returncode == 0
-  assert len(read_results(str(tmp_path / "sw" / "results.jsonl"))) == 4
+  info = json.load(open(sw / "sweep.json"))  # the overrides are part of the record
+  assert info["overrides"]["num_steps"] == 8 and info["base"]["num_steps"] == 8
+  report = open(sw / "REPORT.md").read()
+  assert f"--sweep_dir={sw} {' '.join(sorted(TINY))}` reruns it" in report
+
+  rows = open(sw / "results.jsonl").read().splitlines(keepends=True)
+  first, crashed, _, cut = [json.loads(r) for r in rows]
+  # A run killed after its final checkpoint, before its row; a row cut mid-write (its
+  # run completed); a completed run's event files lost.
+  os.remove(sw / "runs" / crashed["run_name"] / "COMPLETED.json")
+  (sw / "results.jsonl").write_text(rows[0] + rows[2] + rows[3][:len(rows[3]) // 2])
+  for f in os.listdir(sw / "runs" / first["run_name"]):
+    if "tfevents" in f:
+      os.remove(sw / "runs" / first["run_name"] / f)
+  again = _sweep("lm_builtin_recipes", sw)
+  assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+  problems = []
+  mended = {r["run_name"]: r for r in read_results(str(sw / "results.jsonl"), problems)}
+  assert len(mended) == 4 and len(problems) == 1  # the cut line stays, on its own line
+  assert mended[cut["run_name"]] == cut  # restored from COMPLETED.json, not retrained
+  assert mended[crashed["run_name"]]["resumed_from_step"] == 8
+  report = open(sw / "REPORT.md").read()
+  assert "- runs completed: 4 of 4" in report
+  assert f"**Damaged results lines, skipped:** `{sw}/results.jsonl:3: not a results row" \
+      in report
+  assert ("**Completed runs without events** (no event file in their run directory, so "
+          f"no curves): `{first['run_name']}`") in report
+  assert (f"`{first['config']['recipe']}` is the mean of 1 run(s), not the table's 2 (no "
+          f"`train/loss` events in `{first['run_name']}`)") in report
 
 
 TINY_LM = ["--override=d_model=32", "--override=num_layers=1", "--override=d_ff=64",

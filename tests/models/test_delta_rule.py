@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import delta_rule
+from lowprec.models import delta_rule
 
 
 def _inputs(b=3, t=11, d_k=8, d_v=6, seed=0, normalize=True):

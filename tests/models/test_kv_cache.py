@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from experiments.common.recipe_flag import quantized_model
-from models import kv_cache, sampling
-from models.transformer import DecoderLM, TransformerConfig
-from numerics import kv_quant
-from numerics.kv_quant import KVQuantSpec
+from lowprec.models import kv_cache, sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig
+from lowprec.numerics import kv_quant
+from lowprec.numerics.kv_quant import KVQuantSpec
 from tests.numerics import mx_reference
 
 CFG = TransformerConfig(vocab_size=13, d_model=32, num_layers=2, num_heads=2, d_ff=32,

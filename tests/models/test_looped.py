@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from experiments.common.recipe_flag import looped_rules
-from models import quantization
-from models import looped
-from models.transformer import Block, TransformerConfig
-from numerics.kv_quant import KVQuantSpec
+from lowprec.models import quantization
+from lowprec.models import looped
+from lowprec.models.transformer import Block, TransformerConfig
+from lowprec.numerics.kv_quant import KVQuantSpec
 
 CFG = TransformerConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2, d_ff=32,
                         max_len=9)
@@ -29,8 +29,7 @@ SETTINGS = {"fp32": ("fp32", KVQuantSpec()),
 
 def _model(recipe, halting="threshold"):
   loop = looped.LoopConfig(R, halting, THRESHOLD if halting == "threshold" else None)
-  return quantization.quantize_model(looped.LoopedLM(CFG, loop), looped_rules(recipe),
-                                     unused_rules="ignore")
+  return quantization.quantize_model(looped.LoopedLM(CFG, loop), looped_rules(recipe))
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import lora
-from models.transformer import DecoderLM, TransformerConfig, next_token_loss
-from numerics import memory
-from numerics.quantizer import QuantSpec
+from lowprec.models import lora
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from lowprec.numerics import memory
+from lowprec.numerics.quantizer import QuantSpec
 
 CFG = TransformerConfig(vocab_size=32, d_model=64, num_layers=1, num_heads=4, d_ff=128,
                         max_len=8)

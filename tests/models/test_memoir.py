@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.memoir import recall_task
-from models import memoir
+from lowprec.models import memoir
 
 SMALL = dict(key_dim=8, num_values=5, d_latent=16, d_mem=8, d_hidden=24, d_pred=12,
              max_steps=3)

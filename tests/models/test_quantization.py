@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import models
-from models import quantization
-from numerics import qdot, recipes
+from lowprec import models
+from lowprec.models import quantization
+from lowprec.numerics import qdot, recipes
 
 BF = jnp.bfloat16
 

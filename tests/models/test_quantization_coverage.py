@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import models
-from models import quantization
-from numerics import qconv, qdot
+from lowprec import models
+from lowprec.models import quantization
+from lowprec.numerics import qconv, qdot
 
 RECIPE = "mxfp8"
 _DN = (((1,), (0,)), ((), ()))  # x (tokens, d) . w (d, f) after flattening

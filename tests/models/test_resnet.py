@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 from flax import linen as nn
 
-from models.resnet import PatchConv, ResNet, ResNetConfig, classification_loss
-from numerics import optim
+from lowprec.models.resnet import PatchConv, ResNet, ResNetConfig, classification_loss
+from lowprec.numerics import optim
 
 
 @pytest.mark.parametrize("strides,kernel,size", [(1, 3, 8), (2, 3, 8), (2, 1, 8), (2, 3, 7)])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import sampling
+from lowprec.models import sampling
 
 LOGITS = jnp.log(jnp.array([1.0, 2.0, 4.0]))  # probabilities 1/7, 2/7, 4/7
 

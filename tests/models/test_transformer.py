@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from models.transformer import (DecoderLM, TransformerConfig, fp32_dot_general,
+from lowprec.models.transformer import (DecoderLM, TransformerConfig, fp32_dot_general,
                                 next_token_loss)
 
 CFG = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_ff=64,
@@ -156,7 +156,7 @@ MOE = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_
 
 
 def test_moe_shapes_losses_and_grads():
-  from models.transformer import expert_capacity
+  from lowprec.models.transformer import expert_capacity
   model = DecoderLM(MOE)
   params = _init(model)
   moe = params["block_0"]["moe"]
@@ -184,7 +184,7 @@ def test_moe_shapes_losses_and_grads():
 
 def test_moe_matches_dense_expert_reference():
   """With capacity for every assignment, the MoE output is sum_k gate_k * expert_k(x)."""
-  from models.transformer import MoEFeedForward
+  from lowprec.models.transformer import MoEFeedForward
   cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
                           experts_per_token=2, moe_capacity_factor=4.0)
   layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)
@@ -206,7 +206,7 @@ def test_moe_matches_dense_expert_reference():
 
 
 def test_moe_drops_past_capacity():
-  from models.transformer import MoEFeedForward
+  from lowprec.models.transformer import MoEFeedForward
   cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
                           experts_per_token=1, moe_capacity_factor=0.25)
   layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 
-from numerics import formats
+from lowprec.numerics import formats
 
 
 def all_values(name):

@@ -20,7 +20,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from numerics import formats
+from lowprec.numerics import formats
 
 _MX = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
        "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import accumulation as acc_lib
-from numerics import operator_snr, qdot, recipes
+from lowprec.numerics import accumulation as acc_lib
+from lowprec.numerics import operator_snr, qdot, recipes
 
 DN = (((1,), (0,)), ((), ()))
 

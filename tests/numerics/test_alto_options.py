@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import blockscale, clipping, dge, macro_scaling, operator_snr, qdot, quantizer
-from numerics import recipes as R
+from lowprec.numerics import blockscale, clipping, dge, macro_scaling, operator_snr, qdot, quantizer
+from lowprec.numerics import recipes as R
 
 SPEC = quantizer.QuantSpec(fmt="e2m1", block_shape=32, scale_rule="alto")
 

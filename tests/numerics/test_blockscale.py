@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import encoding
-from numerics import formats
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import encoding
+from lowprec.numerics import formats
 
 from tests.numerics import mx_reference as ref
 
@@ -370,6 +370,52 @@ def test_nvfp4_float32_subnormal_inputs_follow_the_spec():
   np.testing.assert_array_equal(np.asarray(q.scales), scales)
   assert float(q.tensor_scale) == float(inv)
   assert np.all(codes[0, :2] != 0) and scales[0, 1] != 0
+
+
+@pytest.mark.parametrize("convention", ["te", "torchao"])
+@pytest.mark.parametrize("amax", [3e-34, 1e-35, 1e-36, 5e-38, 3.9e-39, 1e-41])
+def test_nvfp4_tensor_of_tiny_values_matches_the_reference(amax, convention):
+  """Issue 35: a tensor of float32 subnormals (or with amax below 2688 * 2^-126 =
+  3.2e-35) has a subnormal 1/S_enc (torchao: per_tensor_scale); XLA:CPU read it as
+  zero, so dequantize returned all zeros (and S_dec * (1/S_enc), torchao's zero test
+  and Inf / s changed codes) where the spec's float32 formula keeps the values. Every
+  output is now the NumPy reference's, bit for bit, with no mask for subnormals."""
+  rng = np.random.default_rng(int(amax * 1e45) % 2 ** 32)
+  x = rng.standard_normal((16, 64)).astype(np.float32)
+  x[3, 16:32] = 0.0
+  x = (x / np.abs(x).max() * np.float32(amax)).astype(np.float32)
+  reference = ref.quantize_nvfp4 if convention == "te" else ref.quantize_nvfp4_torchao
+  for axis in (-1, 0):
+    with np.errstate(all="ignore"):
+      codes, scales, tensor_scale, deq = reference(x, axis=axis)
+    q = numerics.quantize_nvfp4(jnp.asarray(x), axis=axis, convention=convention)
+    np.testing.assert_array_equal(np.asarray(q.codes), codes)
+    np.testing.assert_array_equal(np.asarray(q.scales), scales)
+    assert np.float32(q.tensor_scale).view(np.uint32) == np.float32(tensor_scale).view(
+        np.uint32)
+    _bits_equal(numerics.dequantize(q), deq)
+    _bits_equal(blockscale.quantize_dequantize_nvfp4(jnp.asarray(x), axis=axis,
+                                                     convention=convention), deq)
+    if convention == "te":
+      values, _ = blockscale.quantize_dequantize_nvfp4_blocks(jnp.asarray(x), axis=axis)
+      _bits_equal(values, ref.nvfp4_block_values(codes, scales, axes=(axis,)))
+      batched = jax.vmap(lambda v: numerics.quantize_nvfp4(v, axis=axis))(
+          jnp.asarray(x)[None])
+      _bits_equal(numerics.dequantize(batched), deq[None])
+  if amax == 3.9e-39:  # float32 subnormals only: main returned all zeros here
+    assert np.count_nonzero(deq) > 0
+
+
+def test_nvfp4_of_512_float32_subnormals_keeps_what_numpy_keeps():
+  """The issue's example: 512 float32 subnormals (1/S_enc = 2.9e-39); main dequantized
+  them all to zero, the spec's float32 formula keeps a good part of them."""
+  rng = np.random.default_rng(35)
+  x = (rng.standard_normal(512) * 1e-39).astype(np.float32)
+  with np.errstate(all="ignore"):
+    _, _, inv, deq = ref.quantize_nvfp4(x)
+  got = np.asarray(numerics.dequantize(numerics.quantize_nvfp4(jnp.asarray(x))))
+  assert inv < np.finfo(np.float32).tiny and np.count_nonzero(deq) > 200
+  _bits_equal(got, deq)
 
 
 def test_nvfp4_hand_worked_and_specials():

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale, qdot, quantizer, recipes
+from lowprec import numerics
+from lowprec.numerics import blockscale, qdot, quantizer, recipes
 
 X = jax.random.normal(jax.random.key(0), (64, 64))
 DN = (((1,), (0,)), ((), ()))

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import codebooks
-from numerics import random_bits
+from lowprec.numerics import codebooks
+from lowprec.numerics import random_bits
 from tests.numerics import codebook_reference as ref
 
 F32 = np.float32

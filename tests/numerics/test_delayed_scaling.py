@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import delayed_scaling as ds
-from numerics import qdot, recipes
+from lowprec.numerics import delayed_scaling as ds
+from lowprec.numerics import qdot, recipes
 
 DN = (((1,), (0,)), ((), ()))
 E4M3_MAX = 448.0

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import formats
+from lowprec import numerics
+from lowprec.numerics import formats
 
 NAMES = formats.names()
 

@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numerics import export as ex
-from numerics import formats
-from numerics.quantizer import QuantSpec, quantize_dequantize
-from numerics.rl import sampler_copy
+from lowprec.numerics import export as ex
+from lowprec.numerics import formats
+from lowprec.numerics.quantizer import QuantSpec, quantize_dequantize
+from lowprec.numerics.rl import sampler_copy
 
 BF16 = ex.ExportSpec("bf16")
 MXFP8 = QuantSpec("e4m3", block_shape=32, axis=0)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import quantizer as fq
+from lowprec import numerics
+from lowprec.numerics import quantizer as fq
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -54,3 +54,63 @@ def test_dtype_preserved_and_spec_validation():
   with pytest.raises(ValueError, match="element-wise cast"):
     fq.quantize(x, fq.QuantSpec(fmt="bf16"))
   assert hash(fq.QuantSpec()) == hash(fq.QuantSpec())
+
+
+# Issue 35: fake_quant accepted complex (dropping the imaginary part), integer and bool
+# inputs and returned them "quantized" in their own dtype, while cast and quantize_mx
+# raised. Every public quantizer now rejects them, naming itself and the dtype.
+def _public_quantizers():
+  from lowprec.numerics import codebooks, delayed_scaling, kernels, nf4
+  from lowprec.numerics import blockscale as bs
+  spec, nv = fq.QuantSpec("e4m3"), fq.QuantSpec("nvfp4")
+  return {
+      "fake_quant": lambda x: numerics.fake_quant(x),
+      "fake_quant nvfp4": lambda x: numerics.fake_quant(x, "nvfp4"),
+      "fake_quant bf16": lambda x: numerics.fake_quant(x, "bf16"),
+      "fake_quant tensor": lambda x: numerics.fake_quant(x, "e4m3", scaling="tensor"),
+      "fake_quant_spec": lambda x: fq.fake_quant_spec(x, spec),
+      "quantizer.quantize_dequantize": lambda x: fq.quantize_dequantize(x, nv),
+      "quantizer.quantize": lambda x: fq.quantize(x, spec),
+      "cast": lambda x: numerics.cast(x, "e4m3"),
+      "cast_with_words": lambda x: numerics.cast_with_words(
+          x, "e4m3", jnp.zeros(x.shape, jnp.uint32)),
+      "quantize_mx": lambda x: numerics.quantize_mx(x),
+      "quantize_dequantize_mx": lambda x: bs.quantize_dequantize_mx(x),
+      "quantize_nvfp4": lambda x: numerics.quantize_nvfp4(x),
+      "quantize_dequantize_nvfp4": lambda x: bs.quantize_dequantize_nvfp4(x),
+      "quantize_dequantize_nvfp4_blocks":
+          lambda x: bs.quantize_dequantize_nvfp4_blocks(x),
+      "kernels.quantize_dequantize": lambda x: kernels.quantize_dequantize(x, spec),
+      "kernels.quantize_dequantize_split": lambda x: kernels.quantize_dequantize_split(
+          x, nv),
+      "mx_quantize": lambda x: kernels.mx_quantize(x),
+      "mx_quantize_dequantize": lambda x: kernels.mx_quantize_dequantize(x),
+      "nvfp4_quantize": lambda x: kernels.nvfp4_quantize(x),
+      "nvfp4_quantize_dequantize": lambda x: kernels.nvfp4_quantize_dequantize(x),
+      "nvfp4_quantize_dequantize_blocks":
+          lambda x: kernels.nvfp4_quantize_dequantize_blocks(x),
+      "quantize_nf4": lambda x: nf4.quantize_nf4(x),
+      "delayed_scaling.quantize_dequantize":
+          lambda x: delayed_scaling.quantize_dequantize(
+              x, delayed_scaling.init_state(4), "e4m3"),
+      "codebooks.encode": lambda x: codebooks.encode(x, "nf4"),
+      "codebooks.quantize_blocks": lambda x: codebooks.quantize_blocks(x, "nf4"),
+  }
+
+
+@pytest.mark.parametrize("dtype", [jnp.complex64, jnp.int32, jnp.bool_, jnp.uint8])
+@pytest.mark.parametrize("name", list(_public_quantizers()))
+def test_public_quantizers_reject_complex_integer_and_bool(name, dtype):
+  x = jnp.ones((4, 64), dtype)
+  want = name.split(" ")[0]
+  with pytest.raises(TypeError, match=rf"{want}.*{jnp.dtype(dtype).name}"):
+    _public_quantizers()[name](x)
+
+
+def test_fake_quant_still_takes_half_precision_inputs():
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  for dtype in (jnp.bfloat16, jnp.float16):
+    y = numerics.fake_quant(x.astype(dtype))
+    assert y.dtype == dtype
+    chex.assert_trees_all_equal(y, numerics.fake_quant(x.astype(dtype).astype(jnp.float32)
+                                                       ).astype(dtype))

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numerics import formats
+from lowprec.numerics import formats
 
 EXPECTED_NAMES = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "bf16", "fp16", "int8", "e8m0")
 

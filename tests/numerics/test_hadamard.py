@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import hadamard
+from lowprec import numerics
+from lowprec.numerics import hadamard
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 16, 32, 64])

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numerics import kv_quant
-from numerics.kv_quant import KVQuantSpec
+from lowprec.numerics import kv_quant
+from lowprec.numerics.kv_quant import KVQuantSpec
 from tests.numerics import format_values
 from tests.numerics import mx_reference
 

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from numerics import memory
+from lowprec.numerics import memory
 
 
 def test_tree_bytes_by_hand():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from numerics import memory
-from numerics import nf4
+from lowprec.numerics import memory
+from lowprec.numerics import nf4
 from tests.numerics import codebook_reference as ref
 
 F32 = np.float32

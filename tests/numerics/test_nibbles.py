@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics import encoding
+from lowprec.numerics import encoding
 
 
 def test_pack_layout_and_roundtrip():

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import kernels, outlier_data, quantizer
+from lowprec import numerics
+from lowprec.numerics import kernels, outlier_data, quantizer
 
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np

@@ -22,9 +22,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import random_bits
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import random_bits
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
 
@@ -284,3 +284,18 @@ def test_e2m1_stochastic_rounding_in_floats_matches_numpy_reference(rand_bits):
                                   want.astype(np.float32).view(np.uint32))
   inf = fast(jnp.float32([np.inf, np.inf]), jnp.uint32([0, 2**32 - 1]), rand_bits)
   np.testing.assert_array_equal(np.asarray(inf), [6.0, 6.0])
+
+
+@pytest.mark.parametrize("convention", ["te", "torchao"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+def test_public_fused_path_equals_the_two_step_form_for_every_rounding(rounding,
+                                                                        convention):
+  """quantize_dequantize_nvfp4 (one pass; ``te`` behind the tensor-scale branch) equals
+  dequantize(quantize_nvfp4(.)) for every rounding, on normal and on tiny tensors."""
+  key = jax.random.key(3) if rounding == "stochastic" else None
+  for log2_gain in (0, -125):
+    x = jnp.asarray(_special_tensor(5, (16, 64), log2_gain))
+    kw = dict(rounding=rounding, key=key, convention=convention)
+    fused = blockscale.quantize_dequantize_nvfp4(x, **kw)
+    two_step = numerics.dequantize(numerics.quantize_nvfp4(x, **kw))
+    np.testing.assert_array_equal(_bits(fused), _bits(two_step))

@@ -10,6 +10,8 @@ test_blockscale and test_fake_quant. NVFP4 GEMMs apply the tensor scales to thei
 output, which bounded data check bit for bit against decoded codes.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -17,11 +19,11 @@ from jax import lax
 import numpy as np
 import pytest
 
-import numerics
-from numerics import operator_snr
-from numerics import outlier_data
-from numerics import qdot
-from numerics import recipes
+from lowprec import numerics
+from lowprec.numerics import operator_snr
+from lowprec.numerics import outlier_data
+from lowprec.numerics import qdot
+from lowprec.numerics import recipes
 from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
@@ -288,3 +290,52 @@ def test_against_scaled_dot_general_on_gpu():
   want = jax.nn.scaled_dot_general(x, w, DN, preferred_element_type=jnp.float32)
   ours = qdot.quantized_dot_general(x, w, DN, "mxfp8", preferred_element_type=jnp.float32)
   np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-2, atol=1e-2)
+
+
+def _grad_of_grad(recipe, x, w):
+  def loss(x, w):
+    out = qdot.quantized_dot_general(x, w, DN, recipe, key=jax.random.key(3))
+    return 0.5 * jnp.sum(out * out)
+  return jax.grad(lambda x, w: jnp.sum(jax.grad(loss)(x, w)), argnums=(0, 1))(x, w)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp4", "fp8", "bf16"])
+def test_grad_of_grad_where_the_recipe_allows_it(recipe):
+  """Straight-through operands differentiate twice: the backward GEMMs are functions of
+  their straight-through fake quantizers."""
+  x = jax.random.normal(jax.random.key(0), (64, 64))
+  w = jax.random.normal(jax.random.key(1), (64, 32))
+  gx, gw = jax.jit(functools.partial(_grad_of_grad, recipe))(x, w)
+  assert gx.shape == x.shape and gw.shape == w.shape
+  assert bool(jnp.all(jnp.isfinite(gx))) and bool(jnp.any(gx != 0))
+  if recipe == "bf16":  # no quantizer: the plain dot_general's second derivative
+    def plain(x, w):
+      out = lax.dot_general(x.astype(BF), w.astype(BF), DN,
+                            preferred_element_type=jnp.float32)
+      return 0.5 * jnp.sum(out * out)
+    want = jax.jit(jax.grad(lambda x, w: jnp.sum(jax.grad(plain)(x, w)),
+                            argnums=(0, 1)))(x, w)
+    chex.assert_trees_all_equal((gx, gw), want)
+
+
+@pytest.mark.parametrize("api", ["quantized_dot_general",
+                                 "quantized_dot_general_with_state"])
+def test_nvfp4_grad_of_grad_names_the_public_function(api):
+  """Issue 35: jax.grad(jax.grad(...)) through the nvfp4 recipe raised a TypeError
+  naming quantize_dequantize_nvfp4_blocks, an internal function. Its NVFP4 operands
+  enter the GEMMs apart from their tensor scales, so there is no second derivative:
+  the error now names the function called and the recipe."""
+  x = jax.random.normal(jax.random.key(0), (32, 32))
+  w = jax.random.normal(jax.random.key(1), (32, 32))
+  key = jax.random.key(2)
+  if api == "quantized_dot_general":
+    f = lambda x: qdot.quantized_dot_general(x, w, DN, "nvfp4", key=key)
+  else:
+    state = qdot.init_state("nvfp4")
+    f = lambda x: qdot.quantized_dot_general_with_state(x, w, DN, "nvfp4", state,
+                                                        key=key)[0]
+  jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)  # the first derivative works
+  with pytest.raises(TypeError, match=rf"{api} with recipe 'nvfp4' has no second "
+                                      rf"derivative") as e:
+    jax.grad(lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)))(x)
+  assert "quantize_dequantize_nvfp4_blocks" not in str(e.value)

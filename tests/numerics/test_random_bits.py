@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from numerics import random_bits
+from lowprec.numerics import random_bits
 from tests.numerics.hash_reference import lowbias32_np, seeds_np
 
 ALPHA = 4e-8

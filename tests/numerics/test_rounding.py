@@ -17,9 +17,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import numerics
+from lowprec import numerics
 from tests.numerics.format_values import all_values
-from numerics import formats
+from lowprec.numerics import formats
 
 NAMES = formats.names()
 F32_MAX = float(np.finfo(np.float32).max)
@@ -428,9 +428,53 @@ def test_div_rn_is_ieee_division_from_integer_ops():
 def test_leading_zeros_equals_a_numpy_count_on_every_24_bit_word():
   """The clz-free count the Pallas kernels use (Triton cannot lower uint32 clz), held
   exhaustively on n < 2^24 against NumPy's bit length (32 - bit_length(n))."""
-  from numerics import rounding
+  from lowprec.numerics import rounding
   n = np.arange(1 << 24, dtype=np.uint32)
   got = np.asarray(jax.jit(rounding.leading_zeros)(jnp.asarray(n)))
   want = 32 - np.where(n == 0, 0, np.floor(np.log2(np.maximum(n, 1).astype(np.float64))) + 1)
   np.testing.assert_array_equal(got, want.astype(np.int32))
   assert got.dtype == np.int32
+
+
+def test_mul_narrow_is_ieee_multiplication_from_integer_ops():
+  """Bit for bit NumPy's float32 product (no flushing): a left operand with at most 8
+  significant bits (E2M1 x E4M3 values are at most 6) times any finite float32, over
+  subnormal operands and results, overflow to Inf, signs and the specials (issue 35:
+  NVFP4's subnormal tensor scale was read as zero)."""
+  from lowprec.numerics import rounding
+  rng = np.random.default_rng(1)
+  n = 1 << 18
+  sig = rng.integers(0, 256, n).astype(np.float64)
+  a = (sig * np.exp2(rng.integers(-157, 120, n)) * rng.choice([-1, 1], n)).astype(
+      np.float32)
+  b_bits = rng.integers(0, 0x7F800000, n, dtype=np.uint32)
+  b_bits = np.where(rng.random(n) < 0.3, b_bits & np.uint32(0x7FFFFF), b_bits)  # subnormal
+  b = b_bits.view(np.float32) * rng.choice([-1, 1], n).astype(np.float32)
+  m, _ = np.frexp(a.astype(np.float64))
+  assert np.all(m * 256 == np.round(m * 256))  # a really has <= 8 significant bits
+  specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, 2.0 ** -149, 448.0],
+                      np.float32)
+  sa, sb = (v.ravel() for v in np.meshgrid(specials, specials))
+  for x, y in ((a, b), (sa, sb)):
+    got = np.asarray(jax.jit(rounding.mul_narrow)(x, y))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+      want = (x * y).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+  with np.errstate(over="ignore", under="ignore"):
+    prod = a * b
+  assert np.sum((np.abs(prod) < np.finfo(np.float32).tiny) & (prod != 0)) > 1000
+
+
+def test_round_bits_rn_rounds_any_uint32_times_a_power_of_two():
+  """n * 2^qe to float32, nearest-even, with gradual underflow and overflow to Inf,
+  against float64 (exact for n < 2^32) converted by NumPy."""
+  from lowprec.numerics import rounding
+  rng = np.random.default_rng(2)
+  n = rng.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+  qe = rng.integers(-190, 110, n.size).astype(np.int32)
+  got = np.asarray(jax.jit(rounding.round_bits_rn)(n, qe))
+  with np.errstate(over="ignore"):
+    want = (n.astype(np.float64) * np.exp2(qe.astype(np.float64))).astype(np.float32)
+  np.testing.assert_array_equal(got, want.view(np.uint32))

@@ -30,10 +30,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import numerics
+from lowprec import numerics
 from tests.numerics.format_values import all_values
-from numerics import formats
-from numerics import random_bits
+from lowprec.numerics import formats
+from lowprec.numerics import random_bits
 
 NAMES = formats.names()
 ALPHA = 4e-8  # per-check false-failure probability (about a 5.5 sigma two-sided bound)

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import numerics
-from numerics import qdot, quantizer, recipes
-from numerics import delayed_scaling as ds
-from numerics import telemetry as tl
+from lowprec import numerics
+from lowprec.numerics import qdot, quantizer, recipes
+from lowprec.numerics import delayed_scaling as ds
+from lowprec.numerics import telemetry as tl
 
 DN = (((1,), (0,)), ((), ()))
 

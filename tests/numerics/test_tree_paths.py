@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from numerics import tree_paths
+from lowprec.numerics import tree_paths
 
 
 class Pair(NamedTuple):

@@ -19,11 +19,11 @@ import optax
 
 from experiments.common import arithmetic_task as task
 from experiments.common.config_flags import check_fields, config_field
-from models import sampling
-from models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
-from numerics.rl import importance
-from numerics.rl import policy_loss
-from numerics.rl import sampler_copy
+from lowprec.models import sampling
+from lowprec.models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
+from lowprec.numerics.rl import importance
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl import sampler_copy
 
 RATIO_AGAINST = ("sampler", "learner")
 

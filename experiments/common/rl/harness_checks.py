@@ -17,7 +17,7 @@ import numpy as np
 
 from experiments.common import arithmetic_task as task
 from experiments.common.rl.config import RLConfig
-from models import sampling
+from lowprec.models import sampling
 
 
 def batch_fingerprint(prompts: np.ndarray) -> str:

@@ -25,7 +25,6 @@ monitor's tags; ``eval/greedy_accuracy`` every ``eval_every`` updates and at upd
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -35,21 +34,19 @@ import numpy as np
 import optax
 
 from experiments.common import arithmetic_task as task
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.results import finish_run, loop_metrics, run_summary
+from experiments.common.checkpoint import Snapshot
+from experiments.common.results import loop_metrics, run_summary
 from experiments.common.rl import harness_checks
 from experiments.common.rl.config import RLConfig, make_model
 from experiments.common.rl.warm_start import greedy_accuracy, warm_start
+from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
-from models import sampling
-from numerics.rl import advantages as advantages_lib
-from numerics.rl import policy_loss
-from numerics.rl import sampler_copy
+from experiments.common.train_loop import run_loop
+from lowprec.models import sampling
+from lowprec.numerics.rl import advantages as advantages_lib
+from lowprec.numerics.rl import policy_loss
+from lowprec.numerics.rl import sampler_copy
 
 # The held-out problems of the learner's evaluation (a fixed set, the same for every arm).
 EVAL_POSITION = 1
@@ -174,17 +171,10 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
 
   loss_fn, learner_update = learner_step_fns(config, apply, optimizer)
 
-  checkpointer = Checkpointer(f"{options.workdir}/checkpoints")
-  with workdir_lib.claim(options.workdir, results_file=options.results_file,
-                         resume=options.resume, config=config,
-                         has_checkpoint=checkpointer.latest_step() is not None):
-    start = restore_or_initialize(checkpointer, options.resume, fresh,
-                                  resume_step=options.resume_step)
-    writer = MetricWriter(options.workdir)
-    run_metadata.write_run_metadata(options.workdir, config, options,
-                                    {"experiment": experiment, "warm_start": warm_info})
+  with run_lib.open_run(experiment, config, options) as run:
+    start = run.restore(fresh, metadata={"warm_start": warm_info})
+    writer = run.writer
     if start.step == 0:
-      writer.write_hparams(dataclasses.asdict(config), trial_id=options.run_name)
       if monitor is not None:
         writer.write_scalars(0, monitor.on_sync(0, start.state.params, None,
                                                 start.state.sampler))
@@ -239,16 +229,11 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
     def evaluate(params) -> dict[str, float]:
       return greedy_accuracy(model, params, config, position=EVAL_POSITION)
 
-    settings = LoopSettings(num_steps=config.num_updates, log_every=config.log_every,
-                            eval_every=config.eval_every,
-                            checkpoint_every=config.checkpoint_every, histogram_every=0,
-                            progress_every_s=config.progress_every_s,
-                            stop_at_step=options.stop_at_step)
     # No blow-up threshold: a policy-gradient surrogate has no scale to compare against;
     # a checkpoint is unhealthy only when its loss is not finite.
-    result = run_loop(start=start, train_step=rl_step, batch_at=batch_at, settings=settings,
-                      writer=writer, checkpointer=checkpointer, evaluate=evaluate)
-    checkpointer.close()
+    result = run_loop(start=start, train_step=rl_step, batch_at=batch_at,
+                      settings=run.settings(config.num_updates), writer=writer,
+                      checkpointer=run.checkpointer, evaluate=evaluate)
     done = result.snapshot.step
     rewards = np.asarray(result.snapshot.state.rewards)
     last = max(1, config.num_updates // 4)
@@ -267,6 +252,4 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
                           num_params=sum(x.size for x in jax.tree.leaves(warm)),
                           resumed_from_step=start.step, metrics=metrics,
                           first_batch=harness_checks.update_fingerprint(config, 0))
-    finish_run(writer, options.results_file, summary, completed=result.completed, step=done,
-               workdir=options.workdir)
-  return summary
+    return run.finish(summary, completed=result.completed, step=done)

@@ -20,8 +20,8 @@ import optax
 from experiments.common import arithmetic_task as task
 from experiments.common import params_cache
 from experiments.common.rl.config import RLConfig
-from models import sampling
-from models.transformer import DecoderLM, next_token_loss
+from lowprec.models import sampling
+from lowprec.models.transformer import DecoderLM, next_token_loss
 
 
 def _pretrain_fields(config: RLConfig) -> dict[str, Any]:

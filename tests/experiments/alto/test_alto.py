@@ -78,7 +78,7 @@ def test_config_validation():
 
 def test_deoscillation_mask_covers_exactly_the_quantized_weights():
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from models.transformer import DecoderLM  # pylint: disable=import-outside-toplevel
+  from lowprec.models.transformer import DecoderLM  # pylint: disable=import-outside-toplevel
   model = DecoderLM(TINY.transformer_config(30))
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32),
                       jax.random.PRNGKey(1))["params"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from experiments.common import recipe_flag
-from models import transformer
-from models.transformer import bf16_dot_general, fp32_dot_general
+from lowprec.models import transformer
+from lowprec.models.transformer import bf16_dot_general, fp32_dot_general
 
 DN = (((1,), (0,)), ((), ()))
 

@@ -20,8 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments.common import results as results_lib
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
-from experiments.common.config_flags import config_to_flags
-from experiments.common.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.preemption import PREEMPTED_EXIT_CODE, PreemptionWatcher
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
@@ -29,20 +28,7 @@ from experiments.common.tensorboard_reader import read_scalars
 from experiments.common.tensorboard_writer import MetricWriter
 from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
 from experiments.lm import experiment as lm
-
-TINY = lm.LMConfig(num_steps=8, warmup_steps=1, seq_len=16, batch_size=4, d_model=16,
-                   num_layers=1, num_heads=2, d_ff=32, eval_every=4, eval_batches=1,
-                   log_every=1, checkpoint_every=4, histogram_every=0, max_chars=20_000,
-                   recipe="fp32")
-
-
-def _run(workdir, config=TINY, **options):
-  return lm.train_and_evaluate(config, RunOptions(workdir=str(workdir), **options))
-
-
-def _cli(workdir, *flags, config=TINY):
-  return [sys.executable, "-m", "experiments.lm", *config_to_flags(config),
-          f"--workdir={workdir}", *flags]
+from tests.experiments.common.tiny_lm import TINY, cli as _cli, run as _run
 
 
 # ----------------------------------------------------------------- results and rows
@@ -171,8 +157,11 @@ def test_steps_logged_past_the_checkpoint_are_superseded_after_a_resume(tmp_path
 # ------------------------------------------------------------ exits and validation
 
 
-def test_sigterm_checkpoints_and_exits_with_the_preempted_status(tmp_path):
-  """Before: a SIGTERM'd run exited 0, so a sweep counted it as a success."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_checkpoints_and_exits_with_the_preempted_status(tmp_path, signum):
+  """Before: a SIGTERM'd run exited 0, so a sweep counted it as a success; a Ctrl-C'd
+  (SIGINT) one died with rc 130 and a KeyboardInterrupt traceback, losing every step
+  since its last checkpoint (issue 35)."""
   config = dataclasses.replace(TINY, num_steps=100_000, checkpoint_every=0, eval_every=0)
   wd = tmp_path / "run"
   proc = subprocess.Popen(_cli(wd, config=config), stdout=subprocess.PIPE,
@@ -183,13 +172,26 @@ def test_sigterm_checkpoints_and_exits_with_the_preempted_status(tmp_path):
     if "train step 1/" in line:
       break
   assert proc.poll() is None, "".join(seen)[-2000:]
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   out, _ = proc.communicate(timeout=240)
   out = "".join(seen) + out
   assert proc.returncode == PREEMPTED_EXIT_CODE, out[-2000:]
   assert "stopped at step" in out and "continue with --resume" in out
+  assert "Traceback" not in out
   assert read_results(str(wd / "results.jsonl")) == []
   assert Checkpointer(str(wd / "checkpoints")).latest_step() > 0
+
+
+def test_a_second_ctrl_c_stops_at_once():
+  """The first SIGINT asks for a checkpoint; the next raises KeyboardInterrupt, so a
+  run whose step or checkpoint hangs can still be stopped."""
+  before = signal.getsignal(signal.SIGINT)
+  with PreemptionWatcher() as watcher:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert watcher.requested(1)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_the_sweep_runner_reports_a_preempted_run_and_counts_it_missing(tmp_path):

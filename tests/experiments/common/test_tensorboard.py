@@ -1,9 +1,13 @@
 """The TF-free TensorBoard writer, read back with EventAccumulator (size_guidance 0)."""
 
+import logging
+
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from experiments.common.tensorboard_reader import (load, read_hparams_experiment,
+from experiments.common.tensorboard_reader import (event_file_damage, load,
+                                                   read_hparams_experiment,
                                                    read_hparams_session, read_histograms,
                                                    read_scalars)
 from experiments.common.tensorboard_writer import (MetricWriter, histogram_proto,
@@ -70,3 +74,60 @@ def test_hparams_type_checked(tmp_path):
   with pytest.raises(TypeError, match="bad"):
     w.write_hparams({"bad": [1, 2]}, trial_id="t")
   w.close()
+
+
+def test_a_damaged_event_file_is_read_past_the_damage_and_named(tmp_path, caplog):
+  """Before: TensorBoard's reader stopped at the first record failing its checksum and
+  silently dropped every record after it (issue 35)."""
+  w = MetricWriter(str(tmp_path))
+  for step in range(1, 41):
+    w.write_scalars(step, {"train/loss": float(step)})
+  w.close()
+  [path] = [str(p) for p in tmp_path.iterdir()]
+  raw = bytearray(open(path, "rb").read())
+  raw[len(raw) // 2] ^= 0xFF  # one byte in the middle of the file
+  open(path, "wb").write(bytes(raw))
+  plain = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0}).Reload()
+  assert len(plain.Scalars("train/loss")) < 25  # TensorBoard's own reader stops there
+  problems = []
+  steps = [s for s, _ in read_scalars(str(tmp_path), problems)["train/loss"]]
+  assert len(steps) == 39 and steps[-1] == 40  # one record lost, none after it
+  [damage] = problems
+  assert damage.path == path and damage.offset <= len(raw) // 2 < damage.offset + damage.length
+  assert f"{path}: bytes {damage.offset}-" in str(damage)
+  assert event_file_damage(str(tmp_path)) == [damage]
+  with caplog.at_level(logging.WARNING):  # a resumed run adding events beside it says so
+    MetricWriter(str(tmp_path)).close()
+  assert f"damaged event file in this run's directory: {path}: bytes" in caplog.text
+
+
+def test_an_event_file_cut_short_is_named(tmp_path):
+  w = MetricWriter(str(tmp_path))
+  for step in range(1, 11):
+    w.write_scalars(step, {"train/loss": float(step)})
+  w.close()
+  [path] = [str(p) for p in tmp_path.iterdir()]
+  raw = open(path, "rb").read()
+  open(path, "wb").write(raw[:-7])  # a crash mid-write
+  problems = []
+  assert len(read_scalars(str(tmp_path), problems)["train/loss"]) == 9
+  [damage] = problems
+  assert damage.offset + damage.length == len(raw) - 7 and "truncated" in damage.reason
+
+
+def test_finish_run_logs_every_row_metric_the_writer_has_not(tmp_path):
+  """Fair Cast's export/lag_second_half was in results.jsonl only, so its HParams column
+  was empty: a completed run now logs each row metric its events lack, at the final
+  step, and no metric twice."""
+  from experiments.common.results import finish_run
+  from experiments.common.tensorboard_writer import MetricWriter
+  writer = MetricWriter(str(tmp_path / "run"))
+  writer.write_scalars(3, {"export/unchanged_step": 0.25, "train/loss": 2.0})
+  summary = {"run_name": "run", "metrics": {
+      "export/unchanged_step": 0.25, "train/loss": 2.0, "export/lag_second_half": 7.0,
+      "steps_to/0.97": 12.0, "bad": float("nan")}}
+  finish_run(writer, str(tmp_path / "results.jsonl"), summary, completed=True, step=3)
+  scalars = read_scalars(str(tmp_path / "run"))
+  assert scalars["export/lag_second_half"] == [(3, 7.0)]
+  assert scalars["steps_to/0.97"] == [(3, 12.0)]
+  assert scalars["export/unchanged_step"] == [(3, 0.25)] and "bad" not in scalars

@@ -12,9 +12,9 @@ from experiments.common.run_options import RunOptions
 from experiments.kv_cache import experiment as kv
 from experiments.kv_cache.outliers import scale_key_channels
 from launch import registry
-from models import kv_cache
-from models.transformer import DecoderLM, TransformerConfig
-from numerics import kv_quant
+from lowprec.models import kv_cache
+from lowprec.models.transformer import DecoderLM, TransformerConfig
+from lowprec.numerics import kv_quant
 
 CFG = TransformerConfig(vocab_size=14, d_model=16, num_layers=2, num_heads=2, d_ff=32,
                         max_len=8)

@@ -112,9 +112,19 @@ def test_cli_run_prints_locations(tmp_path):
                         f"--workdir={tmp_path / 'cli'}"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert f"tensorboard --logdir {tmp_path}" in out.stdout and "(this run: cli)" in out.stdout
+  # A workdir outside runs/lm/: the view command names the run's own directory, not
+  # its arbitrary parent.
+  assert f"tensorboard --logdir {tmp_path / 'cli'} " in out.stdout
+  assert "(this run: cli)" in out.stdout
   assert "results row:" in out.stdout
   assert (tmp_path / "cli" / "results.jsonl").exists()
+
+
+def test_the_view_command_names_the_experiment_or_the_run_directory(tmp_path):
+  from experiments.common.script import view_dir
+  assert view_dir(str(tmp_path / "runs" / "lm" / "default"), "lm") == str(
+      tmp_path / "runs" / "lm")
+  assert view_dir(str(tmp_path / "x"), "lm") == str(tmp_path / "x")
 
 
 def test_bad_recipe_fails_before_training(tmp_path):

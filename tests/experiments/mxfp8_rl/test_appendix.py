@@ -12,7 +12,7 @@ from experiments.mxfp8_rl import experiment as mxfp8_rl
 from experiments.mxfp8_rl.experiment import PLANTED_FAULTS
 from launch import registry
 from launch.manifest import expand, write_manifest
-from numerics.rl.weight_sync import CHECKS
+from experiments.mxfp8_rl.weight_sync import CHECKS
 
 
 def _rows(md):

@@ -15,7 +15,7 @@ from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.mxfp8_rl import experiment as mxfp8_rl
 from experiments.mxfp8_rl.sweeps import INTENDED_CHECK
-from numerics.rl import weight_sync
+from experiments.mxfp8_rl import weight_sync
 
 FAULT_UPDATE = 2
 

@@ -10,8 +10,8 @@ from experiments.common.rl.warm_start import warm_start
 from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from experiments.mxfp8_rl import experiment as mxfp8_rl
-from numerics import tree_paths
-from numerics.rl import weight_sync
+from lowprec.numerics import tree_paths
+from experiments.mxfp8_rl import weight_sync
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from experiments.optimizer_state import appendix
 from experiments.optimizer_state import experiment as ostate
 from launch import registry
 from launch.manifest import expand, write_manifest
-from numerics.optim import moment_codecs
-from numerics.optim.quantized_adam import scale_by_quantized_adam
+from lowprec.numerics.optim import moment_codecs
+from lowprec.numerics.optim.quantized_adam import scale_by_quantized_adam
 
 TINY = ostate.OptimizerStateConfig(
     num_steps=8, warmup_steps=2, seq_len=32, batch_size=8, d_model=32, num_layers=1,

@@ -16,7 +16,7 @@ from experiments.qlora import appendix, bench_step
 from experiments.qlora import experiment as ql
 from launch import registry
 from launch.manifest import expand, write_manifest
-from models import lora
+from lowprec.models import lora
 
 HAMLET = "HAMLET, PRINCE OF DENMARK"
 TINY = dict(d_model=64, num_layers=1, num_heads=2, d_ff=128, seq_len=16, batch_size=4,

@@ -13,7 +13,7 @@ from experiments.common import arithmetic_task
 from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
-from models import sampling
+from lowprec.models import sampling
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from numerics.kernels import cases
-from numerics.kernels import compile_check
+from lowprec.numerics.kernels import cases
+from lowprec.numerics.kernels import compile_check
 
 pytestmark = pytest.mark.compile
 
@@ -61,7 +61,7 @@ _BAD_KERNELS = textwrap.dedent("""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas import triton as pltriton
-    from numerics.kernels import cases, compile_check
+    from lowprec.numerics.kernels import cases, compile_check
 
     def clz_kernel(x_ref, o_ref):  # Triton cannot legalize math.ctlz on uint32
       o_ref[...] = lax.clz(x_ref[...].astype(jnp.uint32)).astype(jnp.int32)

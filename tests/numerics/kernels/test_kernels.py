@@ -20,15 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import numerics
-from numerics import blockscale
-from numerics import kernels
-from numerics import qdot
-from numerics.outlier_data import outlier_data
-from numerics import quantizer
-from numerics.kernels import dispatch
-from numerics.kernels import block_matmul
-from numerics.kernels import mx_quantizers
+from lowprec import numerics
+from lowprec.numerics import blockscale
+from lowprec.numerics import kernels
+from lowprec.numerics import qdot
+from lowprec.numerics.outlier_data import outlier_data
+from lowprec.numerics import quantizer
+from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import block_matmul
+from lowprec.numerics.kernels import mx_quantizers
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
 
@@ -237,6 +237,33 @@ def test_nvfp4_quantize_dequantize_blocks_matches_numpy_reference(axis, rounding
         x, axis=axis, **mode(variant))[0]))(jnp.ones((32, 32)))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("amax", [1e-36, 3.9e-39])
+def test_nvfp4_kernels_keep_tensors_of_tiny_values(amax, variant):
+  """Issue 35: with a tensor amax below 2688 * 2^-126 the tensor scale 1/S_enc is
+  subnormal, which XLA:CPU and TPUs read as zero (scales, codes and the dequantized
+  values were lost). The kernels form those products in integers behind a scalar
+  branch, as the jnp path does: the NumPy reference's codes and values, bit for bit."""
+  rng = np.random.default_rng(int(amax * 1e45) % 2 ** 32)
+  x = rng.standard_normal((48, 64)).astype(np.float32)
+  x = (x / np.abs(x).max() * np.float32(amax)).astype(np.float32)
+  with np.errstate(all="ignore"):
+    codes, scales, inv, deq = ref.quantize_nvfp4(x)
+    _, _, _, deq_cols = ref.quantize_nvfp4(x, axis=0)
+  got = kernels.nvfp4_quantize(jnp.asarray(x), tile=tile(variant, (16, 32), (32, 64)),
+                               **mode(variant))
+  np.testing.assert_array_equal(np.asarray(got.codes), codes)
+  np.testing.assert_array_equal(np.asarray(got.scales), scales)
+  _assert_same_floats(got.tensor_scale, inv)
+  for axis, want in ((-1, deq), (0, deq_cols)):
+    gpu_tile = (16, 32) if axis == -1 else (32, 16)
+    got = kernels.nvfp4_quantize_dequantize(
+        jnp.asarray(x), axis=axis, tile=tile(variant, gpu_tile, (32, 64)),
+        **mode(variant))
+    _assert_same_floats(got, want)
+  assert np.count_nonzero(deq) > 0
+
+
 # ----------------------------------------------------------------------------- matmul
 
 
@@ -336,9 +363,7 @@ def test_mx_matmul_layout_and_tile_errors():
 # ----------------------------------------------------------------------------- dispatch
 
 
-def test_dispatch_rule(monkeypatch):
-  monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-  assert dispatch.resolve(None, False) == "auto"
+def test_dispatch_rule():
   assert dispatch.resolve(True, False) == "pallas"
   assert dispatch.resolve(False, False) == "jnp"
   assert dispatch.resolve(None, True) == "interpret"
@@ -350,22 +375,37 @@ def test_dispatch_rule(monkeypatch):
     dispatch.resolve(False, False, interpret_as="tpu")
   with pytest.raises(ValueError, match="interpret_as"):
     dispatch.resolve(None, True, interpret_as="mosaic")
+  for value in dispatch.IMPLS:  # the caller's choice, for what its block traces
+    with kernels.implementation(value):
+      assert dispatch.resolve(None, False) == value
+      assert dispatch.resolve(False, False) == "jnp"
+      with kernels.implementation("jnp"):  # the innermost block wins
+        assert dispatch.resolve(None, False) == "jnp"
+      assert dispatch.resolve(None, False) == value
+  with pytest.raises(ValueError, match="kernel implementation must be one of"):
+    with kernels.implementation("triton"):
+      pass
+
+
+def test_the_environment_variable_is_the_process_default_read_once(monkeypatch):
+  assert dispatch.impl_from_environment({}) == "auto"
   for value in dispatch.IMPLS:
-    monkeypatch.setenv(dispatch.ENV_VAR, value)
-    assert dispatch.resolve(None, False) == value
-    assert dispatch.resolve(False, False) == "jnp"
-  monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    assert dispatch.impl_from_environment({dispatch.ENV_VAR: f" {value.upper()} "}) == value
   with pytest.raises(ValueError, match="NUMERICS_KERNELS"):
-    dispatch.resolve(None, False)
+    dispatch.impl_from_environment({dispatch.ENV_VAR: "triton"})
+  first = dispatch.default_impl()
+  monkeypatch.setenv(dispatch.ENV_VAR, "interpret" if first != "interpret" else "jnp")
+  assert dispatch.default_impl() == first  # read once: later changes are not seen
 
 
-def test_auto_on_cpu_is_the_jnp_path(monkeypatch):
+def test_auto_on_cpu_is_the_jnp_path():
   if jax.default_backend() != "cpu":
     pytest.skip("CPU dispatch")
-  monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
   x = _data((8, 64))
-  chex.assert_trees_all_equal(kernels.mx_quantize(x, "e4m3"), numerics.quantize_mx(x, "e4m3"))
-  jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(x, "e4m3"))(x))
+  with kernels.implementation("auto"):
+    chex.assert_trees_all_equal(kernels.mx_quantize(x, "e4m3"),
+                                numerics.quantize_mx(x, "e4m3"))
+    jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(x, "e4m3"))(x))
   assert "pallas_call" not in jaxpr
   jaxpr = str(jax.make_jaxpr(lambda x: kernels.mx_quantize_dequantize(
       x, "e4m3", use_kernel=True))(x))
@@ -421,11 +461,11 @@ def test_training_path_dispatches_to_the_fused_kernel(monkeypatch):
   kernel = mx_quantizers.mx_quantize_dequantize
   monkeypatch.setattr(mx_quantizers, "mx_quantize_dequantize",
                       lambda *a, **k: calls.append(k.get("axis")) or kernel(*a, **k))
-  monkeypatch.setenv(dispatch.ENV_VAR, "pallas" if COMPILED else "interpret")
-  got = run()
+  with kernels.implementation("pallas" if COMPILED else "interpret"):
+    got = run()
   assert sorted(calls) == [-2, -2, -2, -1, -1, -1]
-  monkeypatch.setenv(dispatch.ENV_VAR, "jnp")
   calls.clear()
-  want = run()
+  with kernels.implementation("jnp"):
+    want = run()
   assert not calls
   chex.assert_trees_all_equal(got, want)

@@ -7,7 +7,7 @@ for either platform fails here.
 
 import pytest
 
-from numerics.kernels import lowering
+from lowprec.numerics.kernels import lowering
 
 
 @pytest.mark.parametrize("platform", lowering.PLATFORMS)
@@ -48,7 +48,7 @@ def test_a_kernel_that_cannot_lower_is_reported(monkeypatch, platform):
     return jax.lax.platform_dependent(
         x, cuda=lambda x: bad(x, pltriton.CompilerParams()), tpu=bad)
 
-  from numerics.kernels import cases
+  from lowprec.numerics.kernels import cases
   monkeypatch.setitem(lowering.CASES, "bad", cases.Case(
       "bad", "bad", both, (jax.ShapeDtypeStruct((96, 128), jnp.float32),), 0))
   assert lowering.lower("bad", platform) is not None

@@ -6,8 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from numerics import qdot
-from numerics.optim import deoscillate
+from lowprec.numerics import qdot
+from lowprec.numerics.optim import deoscillate
 
 
 def _run(tx, p, updates, steps):

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from numerics.optim.dge_statistics import DGEStatisticsState, dge_statistics
+from lowprec.numerics.optim.dge_statistics import DGEStatisticsState, dge_statistics
 
 
 def test_hand_worked_statistics():

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from numerics import optim
+from lowprec.numerics import optim
 
 SWITCH = 4
 TARGET = {"conv": {"kernel": jax.random.normal(jax.random.PRNGKey(0), (3, 3, 2, 4))},

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from numerics.optim import master_weights as mw
+from lowprec.numerics.optim import master_weights as mw
 
 F32 = np.float32
 BF16 = ml_dtypes.bfloat16

@@ -13,9 +13,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numerics import codebooks
-from numerics import memory
-from numerics.optim import moment_codecs as mc
+from lowprec.numerics import codebooks
+from lowprec.numerics import memory
+from lowprec.numerics.optim import moment_codecs as mc
 from tests.numerics import codebook_reference as ref
 from tests.numerics import mx_reference
 

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from numerics import optim
+from lowprec.numerics import optim
 
 muon_lib = importlib.import_module("numerics.optim.muon")  # the package re-exports the function muon
 

@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from numerics import memory
-from numerics.optim import moment_codecs as mc
-from numerics.optim import quantized_adam as qa
+from lowprec.numerics import memory
+from lowprec.numerics.optim import moment_codecs as mc
+from lowprec.numerics.optim import quantized_adam as qa
 
 F32 = np.float32
 

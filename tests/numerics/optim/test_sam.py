@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from numerics import optim
+from lowprec.numerics import optim
 
 TARGET = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.3, -0.7])}
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numerics import optim
+from lowprec.numerics import optim
 
 
 def test_cycle_lengths_are_1_2_4_8_of_the_horizon():

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics.rl import advantages
+from lowprec.numerics.rl import advantages
 
 
 def test_hand_computed_two_groups():

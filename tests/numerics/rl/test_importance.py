@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics.rl import importance as imp
+from lowprec.numerics.rl import importance as imp
 
 E = np.exp
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics.rl import mismatch
+from lowprec.numerics.rl import mismatch
 
 
 def test_hand_values():

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics.rl import importance
-from numerics.rl import policy_loss as pl
+from lowprec.numerics.rl import importance
+from lowprec.numerics.rl import policy_loss as pl
 
 E = np.exp
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numerics.rl import sampler_copy as sc
+from lowprec.numerics.rl import sampler_copy as sc
 
 
 def test_refresh_every_interval_versions_and_staleness():
@@ -30,7 +30,7 @@ def test_refresh_every_interval_versions_and_staleness():
 def test_initial_copy_then_refresh_at_step_zero_passes_the_version_check():
   """Regression: maybe_refresh re-synced the initial copy at step 0 (syncs 2 at version
   0), which weight_sync.check_version rejects."""
-  from numerics.rl import weight_sync  # pylint: disable=import-outside-toplevel
+  from experiments.mxfp8_rl import weight_sync  # pylint: disable=import-outside-toplevel
   export = sc.cast_export(jnp.bfloat16)
   params = {"w": jnp.ones(4, jnp.float32)}
   first = sc.initial_copy(params, export)

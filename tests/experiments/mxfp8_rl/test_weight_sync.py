@@ -1,4 +1,4 @@
-"""numerics.rl.weight_sync: each check passes a correct sync and catches a planted bug.
+"""experiments.mxfp8_rl.weight_sync: each check passes a correct sync and catches a planted bug.
 
 A tiny DecoderLM (vocab 16, d_model 48 so the MXFP8 contraction axis is zero-padded,
 1 layer) plays learner (float32 masters, recipe fp32/bf16/mxfp8 on the projections)
@@ -13,16 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import sampling
-from models import transformer as tfm
-from numerics import blockscale
-from numerics import qdot
-from numerics import quantizer
-from numerics.rl import sampler_copy as sc
-from numerics import tree_paths
-from numerics.rl import parity_tolerances
-from numerics.rl import serving
-from numerics.rl import weight_sync as ws
+from lowprec.models import sampling
+from lowprec.models import transformer as tfm
+from lowprec.numerics import blockscale
+from lowprec.numerics import qdot
+from lowprec.numerics import quantizer
+from lowprec.numerics.rl import sampler_copy as sc
+from lowprec.numerics import tree_paths
+from experiments.mxfp8_rl import parity_tolerances
+from experiments.mxfp8_rl import serving
+from experiments.mxfp8_rl import weight_sync as ws
 
 CFG = tfm.TransformerConfig(vocab_size=16, d_model=48, num_layers=1, num_heads=4, d_ff=96,
                             max_len=64)

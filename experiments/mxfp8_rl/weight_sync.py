@@ -4,8 +4,8 @@ The learner keeps float32 master weights and trains under a recipe (``fp32``, ``
 or ``mxfp8``); at every sync it hands the sampler a served copy (an ``Export`` of the
 masters, :mod:`numerics.rl.sampler_copy`), which the sampler runs in its own recipe.
 How the sampler serves each layer (the layer plan, MX weights quantized at each sync)
-is :mod:`numerics.rl.serving`; the parity tolerances per recipe pair are
-:mod:`numerics.rl.parity_tolerances`.
+is :mod:`experiments.mxfp8_rl.serving`; the parity tolerances per recipe pair are
+:mod:`experiments.mxfp8_rl.parity_tolerances`.
 
 Each check is a pure host-side function run at every sync: it returns a dict of float
 metrics when the sync is right and raises :class:`WeightSyncError` naming the tensor
@@ -32,15 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numerics import blockscale
-from numerics.blockscale import MX_BLOCK
-from numerics import formats as formats_lib
-from numerics import rounding as rounding_lib
-from numerics import tree_paths
-from numerics.rl import mismatch
-from numerics.rl.parity_tolerances import PARITY_TOLERANCES, Tolerance
-from numerics.rl.sampler_copy import Export, SamplerCopy
-from numerics.rl.serving import MX_SERVED_FORMATS
+from lowprec.numerics import blockscale
+from lowprec.numerics.blockscale import MX_BLOCK
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics import tree_paths
+from lowprec.numerics.rl import mismatch
+from experiments.mxfp8_rl.parity_tolerances import PARITY_TOLERANCES, Tolerance
+from lowprec.numerics.rl.sampler_copy import Export, SamplerCopy
+from experiments.mxfp8_rl.serving import MX_SERVED_FORMATS
 
 _MAX_LISTED = 8  # names / blocks listed in an error message
 

@@ -7,7 +7,7 @@ along the contraction axis, E8M0 scales, the axis zero-padded to a multiple of t
 (:func:`served_mx_weight`). :func:`resolve_layer_plan` maps every parameter to its
 recipe; a known silent failure is that the learner and the sampler resolve the lists
 differently (fused ``qkv`` against unfused ``query`` names), which
-:func:`numerics.rl.weight_sync.check_plan` catches.
+:func:`experiments.mxfp8_rl.weight_sync.check_plan` catches.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from numerics import blockscale
-from numerics import tree_paths
-from numerics.blockscale import MX_BLOCK
+from lowprec.numerics import blockscale
+from lowprec.numerics import tree_paths
+from lowprec.numerics.blockscale import MX_BLOCK
 
 RECIPES = ("fp32", "bf16", "mxfp8")
 # Served MX recipes: (element format, scale rule) -- as numerics.recipes' "mxfp8".

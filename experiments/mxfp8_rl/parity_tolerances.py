@@ -1,6 +1,6 @@
 """Probe-batch log-prob parity tolerances per (learner recipe, sampler recipe) pair.
 
-Data for :func:`numerics.rl.weight_sync.check_logprob_parity`: how far the sampler's
+Data for :func:`experiments.mxfp8_rl.weight_sync.check_logprob_parity`: how far the sampler's
 log-probs of a fixed probe batch may be from the learner's right after a correct sync.
 """
 
