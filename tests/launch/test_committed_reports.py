@@ -8,6 +8,7 @@ no committed report file names a path of the machine that wrote it.
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -52,6 +53,22 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
   experiment = read_hparams_experiment(str(copy / "runs"))
   assert experiment["metrics"] == info["metrics"]
   assert event_metrics.missing(str(copy)) == {}
+
+
+# experiments/<these> : benchmark reports decided by rounds (a JSON and its REPORT.md)
+BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm"}
+
+
+@pytest.mark.parametrize("paper", sorted(BENCHMARK_REPORTS))
+def test_benchmark_report_rebuilds_identically_from_its_committed_json(tmp_path, paper):
+  report = os.path.join(REPO_DIR, "experiments", *paper.split("/"))
+  copy = tmp_path / "report"
+  shutil.copytree(report, copy, ignore=_SKIP)
+  committed = open(os.path.join(report, "REPORT.md")).read()
+  module = importlib.import_module(BENCHMARK_REPORTS[paper])
+  assert open(module.build_report(str(copy))).read() == committed
+  record = json.load(open(copy / module.JSON_FILE))
+  assert record["git"]["dirty"] is False and len(record["git"]["commit"]) == 40
 
 
 def test_committed_report_files_name_no_machine_path():
