@@ -27,6 +27,16 @@ _REGISTRY: dict[str, str] = {
     "optimizer_state": "experiments.optimizer_state.sweeps:optimizer_state",
     "looped_rl": "experiments.looped_rl.sweeps:looped_rl",
     "qlora": "experiments.qlora.sweeps:qlora",
+    # The confirmatory round (issue 36): the pilots' undecided claims on fresh seeds.
+    "alto_confirm": "experiments.alto.sweeps:alto_confirm",
+    "stale_sampler_confirm": "experiments.stale_sampler.sweeps:stale_sampler_confirm",
+    "optimizer_state_confirm": "experiments.optimizer_state.sweeps:optimizer_state_confirm",
+    "mxfp8_rl_confirm": "experiments.mxfp8_rl.sweeps:mxfp8_rl_confirm",
+    "looped_rl_confirm": "experiments.looped_rl.sweeps:looped_rl_confirm",
+    "fair_cast_confirm": "experiments.fair_cast.sweeps:fair_cast_confirm",
+    "kv_cache_confirm": "experiments.kv_cache.sweeps:kv_cache_confirm",
+    "memoir_confirm": "experiments.memoir.sweeps:memoir_confirm",
+    "temperon_confirm": "experiments.temperon.sweeps:temperon_confirm",
 }
 
 

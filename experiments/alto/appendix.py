@@ -238,3 +238,10 @@ def alto_appendix(sweep_dir: str) -> str:
   :func:`late_training_plot` and :func:`snr_table`."""
   return (convergence_table(sweep_dir) + dge_table(sweep_dir) + late_training_plot(sweep_dir)
           + snr_table(sweep_dir))
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.alto.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -31,14 +31,30 @@ from experiments.common.train_loop import train_tag
 
 def write_benchmark(path: str, result: dict[str, Any], table: str) -> None:
   """A benchmark script's ending: prints ``table``, and writes ``result`` as JSON to
-  ``path`` (indented, sorted keys; nowhere when ``path`` is empty)."""
+  ``path`` (indented, sorted keys; nowhere when ``path`` is empty), with the git state
+  it ran from under ``"git"`` (commit, and whether tracked files differed from it)."""
   print(table)
   if path:
+    result = {**result, "git": result.get("git") or run_metadata.git_state()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
       json.dump(result, f, indent=1, sort_keys=True)
       f.write("\n")
     print(f"wrote {path}")
+
+
+def benchmark_provenance(bench: dict[str, Any]) -> str:
+  """How a benchmark JSON records its code: ``commit `abc1234`, clean tree`` (or
+  *dirty*), or what it lacks (JSONs written before :func:`write_benchmark` recorded the
+  git state have at most a ``git_commit``, and no dirty flag)."""
+  git = bench.get("git") or {}
+  commit = git.get("commit") or bench.get("git_commit")
+  if not commit or commit == "unknown":
+    return "commit and dirty flag not recorded"
+  dirty = git.get("dirty")
+  state = ("dirty flag not recorded" if dirty is None else
+           "**dirty**: tracked files differed from it" if dirty else "clean tree")
+  return f"commit `{commit[:7]}`, {state}"
 
 
 def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,

@@ -181,3 +181,10 @@ def fair_cast_appendix(sweep_dir: str) -> str:
   :func:`sign_test_lines`."""
   return (fair_cast_table(sweep_dir) + paired_table(sweep_dir)
           + sign_test_lines(sweep_dir))
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.fair_cast.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -116,7 +116,7 @@ def run(config: FairCastConfig, rounds: int, repeats: int) -> dict[str, Any]:
       "baseline": BASELINE, "backend": jax.default_backend(), "jax": jax.__version__,
       "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
       "load_average_before": load_before, "compile_s": compile_s,
-      "git_commit": run_metadata.git_state().get("commit", ""),
+      "git": run_metadata.git_state(),  # commit and dirty flag
       "times": ratio_summary(times, BASELINE), "per_round_s": times,
       "load_average_after": [round(x, 2) for x in os.getloadavg()]}
 

@@ -65,6 +65,8 @@ Adam) and the served arms run with TIS only (see above) to keep the hour.
 from __future__ import annotations
 
 import zlib
+from experiments.common.confirmatory import Pilot
+from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.fair_cast.experiment import FairCastConfig
 
@@ -172,3 +174,56 @@ def fair_cast() -> Sweep:
       "of 512. Arms are lr<lr>_<tis|noIS>_<rounding>[_served]. Each seed has its own "
       "warm start; each arm its own rollout stream.",
       report_dir="experiments/fair_cast/report")
+
+
+# ---- The confirmatory round (issue 36) ------------------------------------------------
+
+# Fresh: the pilot used 1-4 and timed on 100. The same fresh seeds as the stale_sampler
+# and mxfp8_rl confirmatory rounds, whose warm starts (same fields) these share.
+CONFIRM_SEEDS = tuple(range(201, 217))
+CONFIRM_PLAN = SequentialPlan(batch=4, cap=16)  # looks at 4, 8, 12, 16 seeds
+
+
+def _confirm_claims() -> tuple[Claim, ...]:
+  """At lr 1e-6: the loss on the served copy (the issue's row) and the two sampled-reward
+  claims without IS whose pilot effects (1.3 sd) a cap of 16 decides; as declared."""
+  lr = RL_LRS[0]
+  at = f" (Adam, lr {lr:g})"
+  pilot = {c.text: c for c in _claims()}
+  return (pilot[f"the loss on the served copy makes the learner learn more{at}"],
+          pilot[f"stochastic export raises the sampled reward, without IS{at}"],
+          pilot[f"error_feedback export raises the sampled reward, without IS{at}"])
+
+
+CONFIRM_PILOTS = {c.text: Pilot("experiments/fair_cast/report", c.arm, c.baseline)
+                  for c in _confirm_claims()}
+
+
+def fair_cast_confirm() -> Sweep:
+  """The confirmatory round of three undecided lr-1e-6 claims on fresh seeds."""
+  pilot = fair_cast()
+  claims = _confirm_claims()
+  named = {a for c in claims for a in (c.arm, c.baseline)}
+  return Sweep(
+      name="fair_cast_confirm", module=pilot.module, base=pilot.base,
+      arms=tuple(a for a in pilot.arms if a.name in named), seeds=CONFIRM_SEEDS,
+      baseline=arm_name(RL_LRS[0], "tis", "nearest"), claims=claims,
+      sequential=CONFIRM_PLAN, metrics=pilot.metrics,
+      higher_is_better=pilot.higher_is_better, curves=pilot.curves,
+      appendix="experiments.fair_cast.appendix:confirm_appendix",
+      description="Confirmatory round (issue 36) of three lr-1e-6 claims the pilot "
+      "(`experiments/fair_cast/report`, seeds 1-4) left undecided, on fresh seeds "
+      "201-216 with the pilot's model, task, 512 updates, lag history and arm configs: "
+      "the loss on the served copy makes the learner learn more (with TIS), and "
+      "stochastic / error-feedback export raise the sampled reward without IS. Only "
+      "the five arms they name run. **Plan** (declared before the first run): "
+      "O'Brien-Fleming-type spending at level 0.05, looks at 4, 8, 12 and 16 seeds. "
+      "**Sizing**: at the pilot's paired effects and spreads, a simulation of this plan "
+      "decides the two reward claims with probability 1.00 in about 11 seeds on average "
+      "and the served-copy claim 0.85 (its pilot effect is 0.8 sd). A pilot run of these "
+      "arms took 48-111 s at the pilot's load (median about 100 s), plus one warm start "
+      "per seed: 5 arms for 8 seeds and the two served-copy arms for 8 more, about 50 "
+      "min at --parallel=2; 80 runs (about 65 min) if nothing decides. Other undecided "
+      "fair_cast claims (lr 3e-6 without IS, 0.4-1.0 sd) are left to a later round. "
+      "Nothing was shrunk.",
+      report_dir="experiments/fair_cast/report_confirm")

@@ -60,3 +60,10 @@ def kv_cache_appendix(sweep_dir: str) -> str:
              f"accuracy below {SOLID_BASE_ACCURACY}): a cache cannot be seen to fail on "
              "them."), ""]
   return "\n".join(lines)
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.kv_cache.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -40,3 +40,11 @@ def looped_rl_appendix(sweep_dir: str) -> str:
         f"{col(seeds, 'eval/greedy_accuracy', 3)} "
         f"({col(seeds, 'warm_start/greedy_accuracy', 3)}) |")
   return "\n".join(lines) + "\n"
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the count claims beside the pilot's counts, then
+  the per-arm exactness table."""
+  from experiments.common.confirmatory import count_table  # pylint: disable=import-outside-toplevel
+  from experiments.looped_rl.sweeps import CONFIRM_COUNTS, CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return count_table(sweep_dir, CONFIRM_COUNTS, CONFIRM_PILOTS) + looped_rl_appendix(sweep_dir)

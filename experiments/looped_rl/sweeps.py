@@ -45,6 +45,9 @@ Claims (margins fixed here before the runs):
 
 from __future__ import annotations
 
+import dataclasses
+
+from experiments.common.confirmatory import CountClaim, Pilot
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.looped_rl.experiment import LoopedRLConfig
 
@@ -90,3 +93,49 @@ def looped_rl() -> Sweep:
       "deferred (token by token, per-loop KV caches) while the learner recomputes "
       "log-probs dense or by the hybrid replay. Arms are <precision>_<learner>.",
       report_dir="experiments/looped_rl/report")
+
+
+# ---- The confirmatory round (issue 36) ------------------------------------------------
+
+# Fresh: the pilot used 1-3 and calibrated on 0.
+CONFIRM_SEEDS = tuple(range(201, 211))
+_RATIO, _CLIP = "ratio/max_abs_log_ratio", "ratio/clip_frac_mean"
+CONFIRM_COUNTS = (
+    *(CountClaim(f"replay log-probs equal the rollout's bit for bit ({p})", f"{p}_replay",
+                 _RATIO, "zero", source=SOURCE) for p in PRECISIONS),
+    CountClaim("replay removes mismatch-driven PPO clipping (mxfp8)", "mxfp8_replay", _CLIP,
+               "zero", source=SOURCE),
+    CountClaim("the dense learner's mismatch makes PPO clip (mxfp8): the clipping the "
+               "replay removes", "mxfp8_dense", _CLIP, "positive",
+               source="the premise of the claim above"),
+)
+# The pilot declared a paired t-interval of replay − dense on these metrics instead.
+_PILOT_VERDICT = "declared as replay − dense, 95% t-interval: not decided (it holds 0)"
+CONFIRM_PILOTS = {
+    c.text: Pilot("experiments/looped_rl/report", c.arm, "",
+                  note=_PILOT_VERDICT if c.rule == "zero" else "not declared")
+    for c in CONFIRM_COUNTS}
+
+def looped_rl_confirm() -> Sweep:
+  """The replay's exactness as a count, on fresh seeds: a fixed sweep of 10 seeds."""
+  pilot = looped_rl()
+  named = {c.arm for c in CONFIRM_COUNTS}
+  return dataclasses.replace(
+      pilot, name="looped_rl_confirm", arms=tuple(a for a in pilot.arms if a.name in named),
+      seeds=CONFIRM_SEEDS, calibration_seeds=(), baseline="mxfp8_dense", claims=(),
+      appendix="experiments.looped_rl.appendix:confirm_appendix",
+      description="Confirmatory round (issue 36) of ScaleRLT's exactness claims, decided "
+      "as the right kind of test: a count. The replay's log-probs are the rollout's bit "
+      "for bit or they are not, so the claim is 'exact in n of n runs' (the PPO ratio "
+      "exactly 1 on every counted token of every update: `ratio/max_abs_log_ratio` "
+      "exactly 0), not the pilot's paired t-interval against the dense learner, which "
+      "could not decide a difference whose one side is exactly 0. Declared before the "
+      "first run: n = 10 fresh seeds (201-210) of the pilot's model, task, 48 updates "
+      "and arm configs, a fixed sweep; each claim is held when all 10 runs meet it "
+      "(then the exact one-sided 95% upper bound on the rate of runs that would not is "
+      "0.259), not held when any run does not. Arms: the three replay arms, and "
+      "`mxfp8_dense` for the clipping the replay removes (the appendix has the counts). "
+      "**Sizing**: a pilot run took 58-133 s at the pilot's load and each seed trains "
+      "its own warm start (about 120 s): 4 arms x 10 seeds = 40 runs, about 40-45 min "
+      "at --parallel=2. Nothing was shrunk.",
+      report_dir="experiments/looped_rl/report_confirm")

@@ -227,3 +227,10 @@ def memoir_appendix(sweep_dir: str, confidence: float = 0.95) -> str:
   lines += energy_section(sweep_dir, long_sweep_dir, confidence)
   lines += [DESIGN]
   return "\n".join(lines)
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.memoir.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

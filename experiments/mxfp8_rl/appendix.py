@@ -417,3 +417,10 @@ def mxfp8_rl_appendix(sweep_dir: str) -> str:
   """The matched-vs-crossed sweep's appendix: :func:`mismatch_table` and
   :func:`clean_checks_table`."""
   return mismatch_table(sweep_dir) + clean_checks_table(sweep_dir)
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.mxfp8_rl.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

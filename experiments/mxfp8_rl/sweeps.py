@@ -71,8 +71,11 @@ the current cross-recipe gate of 0.5: the measurement this sweep makes on 4 seed
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
+from experiments.common.confirmatory import Pilot
+from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.mxfp8_rl.experiment import PLANTED_FAULTS, MXFP8RLConfig
 
@@ -191,3 +194,48 @@ def mxfp8_rl_faults() -> Sweep:
       "<fault or clean>_L-<learner>_S-<sampler>; a fault arm shares its rollout "
       "stream with its pair's clean arm.",
       report_dir="experiments/mxfp8_rl/report_faults")
+
+
+# ---- The confirmatory round (issue 36) ------------------------------------------------
+
+# Fresh: the pilots used 1-4 and 11-14 and timed on 100. The same fresh seeds as the
+# stale_sampler and fair_cast confirmatory rounds, whose warm starts (same fields) these
+# share when the cache holds them.
+CONFIRM_SEEDS = tuple(range(201, 211))
+CONFIRM_PLAN = SequentialPlan(batch=3, first=4, cap=10)  # looks at 4, 7, 10 seeds
+
+
+def _confirm_claims() -> tuple[Claim, ...]:
+  """The pilot's three undecided claims, as the pilot declared them."""
+  pilot = mxfp8_rl().claims
+  return tuple(c for c in pilot if c.text in (
+      "matched precision learns more (mxfp8 sampler)",
+      "matched precision learns more (bf16 sampler)",
+      "MXFP8 end to end matches bf16 end to end"))
+
+
+CONFIRM_PILOTS = {c.text: Pilot("experiments/mxfp8_rl/report", c.arm, c.baseline)
+                  for c in _confirm_claims()}
+
+
+def mxfp8_rl_confirm() -> Sweep:
+  """The confirmatory round of the pilot's three undecided claims on fresh seeds."""
+  pilot = mxfp8_rl()
+  return dataclasses.replace(
+      pilot, name="mxfp8_rl_confirm", seeds=CONFIRM_SEEDS, calibration_seeds=(),
+      claims=_confirm_claims(), sequential=CONFIRM_PLAN,
+      appendix="experiments.mxfp8_rl.appendix:confirm_appendix",
+      description="Confirmatory round (issue 36) of the three claims the pilot "
+      "(`experiments/mxfp8_rl/report`, seeds 1-4) left undecided: matched precision "
+      "learns more, for each sampler, and MXFP8 end to end ties bf16 end to end (TOST "
+      "0.03), on fresh seeds 201-210 with the pilot's four arms, model, task and 128 "
+      "updates. **Plan** (declared before the first run): O'Brien-Fleming-type "
+      "spending at level 0.05, looks at 4, 7 and 10 seeds. **Sizing**: at the pilot's "
+      "paired effects and spreads, a simulation of this plan decides the tie with "
+      "probability 1.00 (held 0.60, differs 0.40) and each 'learns more' claim with "
+      "probability 0.55-0.61 (the mxfp8-sampler one towards the opposite); 12 seeds would "
+      "add 10 points for 8 more runs. All four arms are named by the 'learns more' "
+      "claims, so all run until both decide. A pilot run took 89-321 s at the pilot's "
+      "load (median over arms about 160 s), plus one warm start per seed: 4 arms x 10 "
+      "seeds = 40 runs at most, about 55-65 min at --parallel=2. Nothing was shrunk.",
+      report_dir="experiments/mxfp8_rl/report_confirm")

@@ -104,3 +104,10 @@ def optimizer_state_appendix(sweep_dir: str) -> str:
                  f"{weights / 1e6:.3f} | {state / 1e6:.3f} | {state / total:.1%} |")
   return "\n".join(lines + [""])
 
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.optimizer_state.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from experiments.common.results import benchmark_provenance
 from experiments.common.stats import format_spread
 from experiments.common.sweep_data import evaluation_metrics
 from experiments.qlora.experiment import ARCH_FIELDS, QLoRAConfig
@@ -66,7 +67,7 @@ def bench_section(bench: dict[str, Any], file_name: str = BENCH_FILE) -> list[st
   """Markdown lines of the benchmark's tables and the speed claims' verdicts."""
   c = bench["config"]
   lines = [f"### `{file_name}`: d_model {c['d_model']}, d_ff {c['d_ff']}", "",
-           f"`{bench_command(bench, file_name)}` (commit `{bench['git_commit'][:7]}`, "
+           f"`{bench_command(bench, file_name)}` ({benchmark_provenance(bench)}, "
            f"{bench['backend']}, {bench['cpus']} cores, jax {bench['jax']}): the "
            f"model (d_model {c['d_model']}, {c['num_layers']} blocks, d_ff {c['d_ff']}, "
            f"batch {c['batch_size']} x {c['seq_len']}), each method's jitted train step "

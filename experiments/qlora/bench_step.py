@@ -65,11 +65,12 @@ METHODS = {
 VOCAB = 84  # the corpus's character vocabulary (the time barely depends on it)
 
 
-def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray]
-              ) -> dict[str, Callable[[], Any]]:
+def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray],
+              methods: tuple[str, ...] = tuple(METHODS)) -> dict[str, Callable[[], Any]]:
   model = config.model(VOCAB)
   fns = {}
-  for name, overrides in METHODS.items():
+  for name in methods:
+    overrides = METHODS[name]
     cfg = dataclasses.replace(config, **overrides)
     setup = make_setup(cfg, model, params)
     optimizer = make_optimizer(cfg)
@@ -143,7 +144,7 @@ def run(config: QLoRAConfig, rounds: int, repeats: int, gemms: bool = True
       "backend": jax.default_backend(), "jax": jax.__version__,
       "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
       "load_average_before": [round(x, 2) for x in os.getloadavg()],
-      "git_commit": run_metadata.git_state().get("commit", ""),
+      "git": run_metadata.git_state(),  # commit and dirty flag
   }
   fns = dict(steps)
   gemm_info: dict[str, Any] = {}

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from experiments.common.curve_plots import plot_curves
+from experiments.common.confirmatory import confirm_sections
 from experiments.common.rl.report import completed_runs, spread
 from experiments.common.sweep_data import config_value
 
@@ -207,3 +208,9 @@ def stale_sampler_appendix(sweep_dir: str) -> str:
   :func:`reward_plots` and :func:`cycle_table`."""
   return (warm_start_table(sweep_dir) + degradation_table(sweep_dir)
           + reward_plots(sweep_dir) + cycle_table(sweep_dir))
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.stale_sampler.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

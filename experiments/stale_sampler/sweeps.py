@@ -74,6 +74,8 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+from experiments.common.confirmatory import Pilot
+from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.stale_sampler.experiment import StaleSamplerConfig
 
@@ -178,3 +180,55 @@ def stale_sampler() -> Sweep:
       "the learner and its importance weights at temperature 1. Each seed has its "
       "own warm start; each arm its own rollout stream.",
       report_dir="experiments/stale_sampler/report")
+
+
+# ---- The confirmatory round (issue 36) ------------------------------------------------
+
+CONFIRM_SEEDS = tuple(range(201, 213))  # fresh: no pilot or calibration seed of Pan's
+CONFIRM_PLAN = SequentialPlan(batch=4, cap=12)  # looks at 4, 8, 12 seeds
+
+
+def _confirm_claims() -> tuple[Claim, ...]:
+  """The pilot's undecided claims that its effect sizes say 12 seeds can decide, as the
+  pilot declared them (text, kind, metric, margin)."""
+  pilot = {c.text: c for c in _claims()}
+  k = K_C
+  texts = (f"Cooling the sampler (T = 0.8) moves the cliff: at K = {k} the cooled run "
+           "survives where the uncooled one degrades",
+           f"Cooled at K = {k} matches uncooled at the safe K = {k // 2} at the end of "
+           "training",
+           f"A cooled run at 2K = {2 * k} survives where an uncooled run at K = {k} fails",
+           "Stronger cooling (T = 0.6) is not better than T = 0.8")
+  return tuple(pilot[t] for t in texts)
+
+
+def stale_sampler_confirm() -> Sweep:
+  """The confirmatory round of the pilot's four undecided claims on fresh seeds."""
+  pilot = stale_sampler()
+  claims = _confirm_claims()
+  named = {a for c in claims for a in (c.arm, c.baseline)}
+  return Sweep(
+      name="stale_sampler_confirm", module=pilot.module, base=pilot.base,
+      arms=tuple(a for a in pilot.arms if a.name in named), seeds=CONFIRM_SEEDS,
+      baseline=f"tis_K{K_C}", claims=claims, sequential=CONFIRM_PLAN,
+      metrics=pilot.metrics, higher_is_better=pilot.higher_is_better,
+      curves=pilot.curves,
+      appendix="experiments.stale_sampler.appendix:confirm_appendix",
+      description="Confirmatory round (issue 36) of Pan's four claims the pilot "
+      "(`experiments/stale_sampler/report`, seeds 1-5) left undecided, on fresh seeds "
+      "201-212 with the pilot's model, task, lr, budget (384 updates) and arm configs. "
+      "Only the five arms the claims name run. **Plan** (declared before the first "
+      "run): O'Brien-Fleming-type spending at level 0.05, looks at 4, 8 and 12 seeds. "
+      "**Sizing**: at the pilot's paired effects and spreads, a simulation of this plan "
+      "decides the cliff claim and the end-of-training tie (both towards the opposite "
+      "or *differs*) with probability 0.95 each, 'stronger cooling is not better' 0.84 "
+      "and the 2K claim 0.71, using 10-11 seeds on average. A pilot run took 100-200 s "
+      "at the pilot's load (median 127 s over these arms), plus one warm start per seed "
+      "(about a minute): 5 arms x 12 seeds = 60 runs at most, about 65-70 min at "
+      "--parallel=2, less as claims decide and their arms stop. Nothing was shrunk.",
+      report_dir="experiments/stale_sampler/report_confirm")
+
+
+# Each confirmatory claim's pilot: the same comparison in the committed pilot report.
+CONFIRM_PILOTS = {c.text: Pilot("experiments/stale_sampler/report", c.arm, c.baseline)
+                  for c in _confirm_claims()}

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from experiments.common.results import benchmark_provenance
 from experiments.common.sweep_data import read_manifest, results_by_run
 from experiments.temperon.sweeps import BASELINE, TARGET
 
@@ -75,7 +76,8 @@ def bench_section(sweep_dir: str) -> list[str]:
            f"jitted step for its {bench['num_steps']} steps on one batch, no evaluation, "
            f"the arms interleaved in each of {bench['rounds']} rounds (in "
            f"{bench.get('chunks', 1)} chunks per run, the arms in turn) on "
-           f"{bench['device']}. Ratio `arm / temperon` per round; *every round* says "
+           f"{bench['device']} ({benchmark_provenance(bench)}). Ratio `arm / temperon` "
+           "per round; *every round* says "
            "whether it is on the same side of 1 in all rounds.", "",
            "| arm | s/run per round | arm / temperon per round | every round |",
            "|---|---|---|---|"]
@@ -86,3 +88,10 @@ def bench_section(sweep_dir: str) -> list[str]:
                  f"{', '.join(f'{r:.2f}' for r in ratios)} | "
                  f"{side if arm != BASELINE else '-'} |")
   return lines
+
+
+def confirm_appendix(sweep_dir: str) -> str:
+  """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.temperon.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM_PILOTS)

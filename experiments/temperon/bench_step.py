@@ -22,6 +22,8 @@ import time
 import jax
 from absl import app, flags
 
+from experiments.common import run_metadata
+from experiments.common.results import write_benchmark
 from experiments.temperon import experiment
 from experiments.temperon.sweeps import ARMS, temperon
 
@@ -68,12 +70,8 @@ def main(argv):
       seconds[name].append(spent[name])
   result = {"s_per_run": seconds, "num_steps": sweep.base.num_steps,
             "device": jax.devices()[0].device_kind, "rounds": FLAGS.rounds,
-            "chunks": FLAGS.chunks}
-  text = json.dumps(result, indent=1)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text + "\n")
-  print(text)
+            "chunks": FLAGS.chunks, "git": run_metadata.git_state()}
+  write_benchmark(FLAGS.out, result, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

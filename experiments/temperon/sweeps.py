@@ -59,6 +59,8 @@ the finest the paper's own ablations can tell apart:
 
 from __future__ import annotations
 
+from experiments.common.confirmatory import Pilot
+from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.temperon.experiment import TemperonConfig
 
@@ -126,3 +128,39 @@ def temperon() -> Sweep:
       "(see reached/*).",
       appendix="experiments.temperon.appendix:cost_appendix",
       report_dir="experiments/temperon/report")
+
+
+# ---- The confirmatory round (issue 36) ------------------------------------------------
+
+# Fresh: the pilot used 0-11 and calibrated on 100 and 101.
+CONFIRM_SEEDS = tuple(range(201, 241))
+CONFIRM_PLAN = SequentialPlan(batch=8, cap=40)  # looks at 8, 16, 24, 32, 40 seeds
+CONFIRM_CLAIMS = (CLAIMS[0], CLAIMS[4])  # ties SAM+SGD (TOST 0.01); the Muon refiner
+CONFIRM_PILOTS = {c.text: Pilot("experiments/temperon/report", c.arm, c.baseline)
+                  for c in CONFIRM_CLAIMS}
+
+
+def temperon_confirm() -> Sweep:
+  """The confirmatory round of two claims the pilot left undecided, on fresh seeds."""
+  pilot = temperon()
+  named = {a for c in CONFIRM_CLAIMS for a in (c.arm, c.baseline)}
+  return Sweep(
+      name="temperon_confirm", module=pilot.module, base=pilot.base,
+      arms=tuple(a for a in pilot.arms if a.name in named), seeds=CONFIRM_SEEDS,
+      baseline=BASELINE, claims=CONFIRM_CLAIMS, sequential=CONFIRM_PLAN,
+      metrics=pilot.metrics, higher_is_better=pilot.higher_is_better, curves=pilot.curves,
+      appendix="experiments.temperon.appendix:confirm_appendix",
+      description="Confirmatory round (issue 36) of two claims the pilot "
+      "(`experiments/temperon/report`, seeds 0-11) left undecided, on fresh seeds "
+      "201-240 with the pilot's model, data (100 training images, 1697 test images), "
+      "600 steps and arm configs: Temperon ties full-time SAM+SGD in test accuracy "
+      "(TOST 0.01), and the Muon refiner beats a SAM-SGD refiner. Only the three arms "
+      "they name run. **Plan** (declared before the first run): O'Brien-Fleming-type "
+      "spending at level 0.05, looks at 8, 16, 24, 32 and 40 seeds. **Sizing**: at the "
+      "pilot's paired effects and spreads, a simulation of this plan decides the tie "
+      "with probability 0.87 (its pilot mean is 0.000 with sd 0.020: a 1 pp margin "
+      "needs about 30-40 seeds) and the refiner 0.92 (0.57 sd). A pilot run took "
+      "15-20 s on one pinned core: 3 arms x 40 seeds = 120 runs at most, about 20-40 "
+      "min. The claims are about accuracy, not time, so the runs may share the cores "
+      "(--parallel=2). Nothing was shrunk.",
+      report_dir="experiments/temperon/report_confirm")

@@ -79,3 +79,19 @@ def test_run_metadata(tmp_path):
   rec = json.load(open(path))
   assert rec["run_options"]["workdir"] == "w"
   assert len(rec["git"]["commit"]) == 40  # this checkout is a git repository
+
+
+def test_benchmark_json_records_the_git_state(tmp_path, capsys):
+  path = str(tmp_path / "bench.json")
+  results.write_benchmark(path, {"ms": 1.0}, "table")
+  record = json.load(open(path))
+  assert record["ms"] == 1.0 and record["git"] == run_metadata.git_state()
+  assert len(record["git"]["commit"]) == 40 and record["git"]["dirty"] in (True, False)
+  assert "table" in capsys.readouterr().out
+  sha = "a" * 40
+  assert results.benchmark_provenance({"git": {"commit": sha, "dirty": False}}) == \
+      "commit `aaaaaaa`, clean tree"
+  assert "dirty" in results.benchmark_provenance({"git": {"commit": sha, "dirty": True}})
+  assert results.benchmark_provenance({"git_commit": sha}) == \
+      "commit `aaaaaaa`, dirty flag not recorded"
+  assert results.benchmark_provenance({}) == "commit and dirty flag not recorded"
