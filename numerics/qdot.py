@@ -182,21 +182,6 @@ def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: 
           hadamard_lib.apply_blockwise(b, r, axis_b))
 
 
-def gemm_operands(a: jax.Array, b: jax.Array, gemm: recipes_lib.GemmRecipe,
-                  axes_a: tuple[int, int], axes_b: tuple[int, int], keys
-                  ) -> tuple[jax.Array, jax.Array]:
-  """Quantized float32 operands of one GEMM per its recipe (no delayed scaling).
-
-  ``axes_a``/``axes_b`` are (contraction, free) axes of each operand; ``keys`` the
-  (hadamard, lhs, rhs) keys. Exposed so tests and tools can reproduce a GEMM by hand.
-  With static clipping the operands are still multiplied by their prescales (divide
-  the GEMM's output by ``prescale_lhs * prescale_rhs``).
-  """
-  (aq, _, _, sa), (bq, _, _, sb) = _gemm_operands(
-      a, b, gemm, axes_a, axes_b, keys, {}, False, "", ("gemm_operands", "gradient"))
-  return (aq if sa is None else aq * sa), (bq if sb is None else bq * sb)
-
-
 def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, owner):
   """((a_q, a telemetry, a amax, a tensor scale), (b_q, ...)) of the GEMM ``name``."""
   a = a.astype(jnp.float32)
