@@ -592,8 +592,18 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
 _MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
 
 
-def _mx_words(xp, key, rounding, rng):
-  return _words(key, xp, rounding, rng)
+def _lazy_words(xp, key, rounding, rng):
+  """Stochastic rounding's words as a function (None for other roundings): called
+  where they are used, they fuse into the rounding instead of being materialized."""
+  return (lambda: _words(key, xp, rounding, rng)) if rounding == "stochastic" else None
+
+
+def _mx_fast():
+  """:mod:`numerics.mx_fast`, the float-arithmetic element pass of :func:`quantize_mx`
+  and :func:`quantize_dequantize_mx` (it builds on this module's scale rules, so it is
+  imported when first traced rather than at import time)."""
+  from lowprec.numerics import mx_fast  # pylint: disable=g-import-not-at-top
+  return mx_fast
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
@@ -602,8 +612,9 @@ def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, 
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    out = mx_quantize_dequantize_core(xp, f, axes, blocks, scale_rule, rounding,
-                                      _mx_words(xp, key, rounding, rng), rand_bits)
+    out = _mx_fast().quantize(xp, f, axes, blocks, scale_rule, rounding,
+                              _lazy_words(xp, key, rounding, rng), rand_bits,
+                              dequantize=True)
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -659,8 +670,9 @@ def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, 
   def run(x, key):
     x = x.astype(jnp.float32)
     xp = _pad(x, axes, blocks, pad)
-    return mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
-                            _mx_words(xp, key, rounding, rng), rand_bits)
+    return _mx_fast().quantize(xp, f, axes, blocks, scale_rule, rounding,
+                               _lazy_words(xp, key, rounding, rng), rand_bits,
+                               dequantize=False)
 
   return gradients_lib.not_differentiable(
       run, "quantize_mx", "quantize_dequantize_mx or fake_quant")(x, key)
