@@ -34,6 +34,19 @@ def test_benchmarks_run_small(script, args):
   assert out.strip()
 
 
+def test_small_models_benchmark_smoke(tmp_path):
+  """The small-model benchmark at tiny sizes: one compile and one step per arm, every
+  arm's ratio to bf16 in the JSON."""
+  out = tmp_path / "small.json"
+  _run("experiments.benchmarks.small_models", "--models=vit", "--tokens=16",
+       "--widths=32", "--depth=1", "--heads=1", "--batch=2", "--repeats=1",
+       "--compile_rounds=1", "--recipes=bf16,mxfp8", "--qwix=", f"--json={out}")
+  rows = json.loads(out.read_text())
+  assert [r["arm"] for r in rows] == ["bf16", "mxfp8"]
+  assert rows[0]["step_ratio_median"] == 1.0 and rows[0]["compile_ratio"] == 1.0
+  assert all(r["step_ms_median"] > 0 and r["compile_s"] > 0 for r in rows)
+
+
 def test_kernel_check_smoke_writes_its_json(tmp_path):
   out = tmp_path / "check.json"
   _run("experiments.benchmarks.kernel_check", "--interpret", "--skip_tests", "--skip_train",
