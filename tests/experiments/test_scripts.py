@@ -22,6 +22,7 @@ def test_demo_formats_prints_every_format():
 
 @pytest.mark.parametrize("script,args", [
     ("experiments.benchmarks.numerics_throughput", ["--size=65536", "--repeats=1"]),
+    ("experiments.benchmarks.quantizer_cpu", ["--size=65536", "--rounds=1", "--calls=1"]),
     ("experiments.benchmarks.qtrain_step", ["--d_model=32", "--layers=1", "--batch=2", "--seq=32",
                                   "--repeats=1", "--recipes=bf16,mxfp8"]),
     ("experiments.benchmarks.library_speed", ["--width=64", "--layers=1", "--batch=16",
