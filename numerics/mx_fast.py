@@ -43,9 +43,15 @@ reference's, computed once per block by :mod:`numerics.blockscale`) and every ro
 No float operation here has a subnormal operand or result, so the bits are the same on
 every XLA backend. Tests (``tests/numerics/test_mx_fast_path.py``) hold it bit for
 bit to the reference core and to the NumPy reference.
+
+Gradients: none here (bit operations); :func:`numerics.quantize_dequantize_mx` wraps
+this pass in a straight-through gradient and :func:`numerics.quantize_mx` raises when
+differentiated. The Pallas kernels keep the integer cores.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -177,7 +183,8 @@ def _materialize_int(*block_values: jax.Array) -> tuple[jax.Array, ...]:
 
 def quantize(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
              blocks: tuple[int, ...], scale_rule: str, rounding: str,
-             words: jax.Array | None, rand_bits: int | None, *, dequantize: bool):
+             words: jax.Array | Callable[[], jax.Array] | None, rand_bits: int | None,
+             *, dequantize: bool) -> jax.Array | tuple[jax.Array, jax.Array]:
   """MX quantization of float32 ``xp`` (block-divisible shape) in two passes: the
   block amaxes, then the elements in float arithmetic.
 
