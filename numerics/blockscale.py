@@ -576,8 +576,18 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
 _MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
 
 
-def _mx_words(xp, key, rounding, rng):
-  return _words(key, xp, rounding, rng)
+def _lazy_words(xp, key, rounding, rng):
+  """Stochastic rounding's words as a function (None for other roundings): called
+  where they are used, they fuse into the rounding instead of being materialized."""
+  return (lambda: _words(key, xp, rounding, rng)) if rounding == "stochastic" else None
+
+
+def _mx_fast():
+  """:mod:`numerics.mx_fast`, the float-arithmetic element pass of :func:`quantize_mx`
+  and :func:`quantize_dequantize_mx` (it builds on this module's scale rules, so it is
+  imported when first traced rather than at import time)."""
+  from lowprec.numerics import mx_fast  # pylint: disable=g-import-not-at-top
+  return mx_fast
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
@@ -586,8 +596,9 @@ def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, 
 
   def run(x, key):
     xp = _pad(x.astype(jnp.float32), axes, blocks, pad)
-    out = mx_quantize_dequantize_core(xp, f, axes, blocks, scale_rule, rounding,
-                                      _mx_words(xp, key, rounding, rng), rand_bits)
+    out = _mx_fast().quantize(xp, f, axes, blocks, scale_rule, rounding,
+                              _lazy_words(xp, key, rounding, rng), rand_bits,
+                              dequantize=True)
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -643,8 +654,9 @@ def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, 
   def run(x, key):
     x = x.astype(jnp.float32)
     xp = _pad(x, axes, blocks, pad)
-    return mx_quantize_core(xp, f, axes, blocks, scale_rule, rounding,
-                            _mx_words(xp, key, rounding, rng), rand_bits)
+    return _mx_fast().quantize(xp, f, axes, blocks, scale_rule, rounding,
+                               _lazy_words(xp, key, rounding, rng), rand_bits,
+                               dequantize=False)
 
   return gradients_lib.not_differentiable(
       run, "quantize_mx", "quantize_dequantize_mx or fake_quant")(x, key)
@@ -923,9 +935,12 @@ def nvfp4_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
 
 
 def _tensor_scale_of_amax(t_amax_bits, t_amax):
-  s_enc = jnp.minimum(rounding_lib.div_rn(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
+  # Scalars, outside the Pallas kernels (they take both as inputs): XLA's exact
+  # integer division, the same bits as div_rn's loop in fewer ops.
+  div = rounding_lib.div_rn_idiv
+  s_enc = jnp.minimum(div(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
   s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
-  return s_enc, rounding_lib.div_rn(np.float32(1.0), s_enc)
+  return s_enc, div(np.float32(1.0), s_enc)
 
 
 def nvfp4_torchao_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
@@ -938,7 +953,7 @@ def nvfp4_torchao_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = N
   t_amax_bits, _ = _finite_amax(x)
   t_amax_bits = reduce_amax_bits(t_amax_bits, amax_axis_name)
   t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
-  pts = rounding_lib.div_rn(t_amax, np.float32(448.0 * 6.0))
+  pts = rounding_lib.div_rn_idiv(t_amax, np.float32(448.0 * 6.0))
   # XLA:CPU compares a subnormal quotient equal to zero (see nonzero_magnitude).
   pts_zero = ~rounding_lib.nonzero_magnitude(lax.bitcast_convert_type(pts, jnp.uint32))
   return jnp.where((t_amax_bits == 0) | pts_zero, np.float32(1.0), pts)
@@ -982,13 +997,20 @@ def _block_amax(xp, axes, blocks):
   return block_amax, poisoned, bshape, bpos
 
 
-def _nvfp4_te_scales(block_amax, s_enc):
-  """(E4M3-rounded S_dec, element multiplier enc) per block, TE's chain."""
+def _nvfp4_te_scales(block_amax, s_enc, scalar_div=rounding_lib.div_rn):
+  """(E4M3-rounded S_dec, element multiplier enc) per block, TE's chain.
+
+  ``scalar_div`` forms the scalar ``1/S_enc``: :func:`numerics.rounding.div_rn` in the
+  Pallas kernels' body, :func:`numerics.rounding.div_rn_idiv` in jnp programs (the
+  same bits; CSE'd with the tensor scale's own). The per-block reciprocal stays on
+  ``div_rn``'s loop, which fuses into one pass (XLA:CPU keeps integer divisions out
+  of fusions: per-block divisions took ``quantize_nvfp4`` from 0.8-1.3x a copy's
+  time to 1.4-2.5x)."""
   s_dec = jnp.minimum(_mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
                       np.float32(448.0))
   s_dec = rounding_lib.round_f32(s_dec, formats_lib.get("e4m3"), rounding="nearest",
                                  saturate=True)
-  inv_s_enc = rounding_lib.div_rn(np.float32(1.0), s_enc)
+  inv_s_enc = scalar_div(np.float32(1.0), s_enc)
   # 1/S_enc is subnormal for a tensor amax below 2688 * 2^-126: the product is formed
   # in integers, as XLA:CPU and TPUs would read that operand as zero.
   enc = jnp.minimum(
@@ -1004,7 +1026,7 @@ def _nvfp4_torchao_scales(block_amax, per_tensor_scale):
   s = jnp.clip(scaled_scale, _E4M3_EPS, np.float32(448.0))
   s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
                              saturate=True)
-  inv_pts = rounding_lib.div_rn(np.float32(1.0), per_tensor_scale)
+  inv_pts = rounding_lib.div_rn_idiv(np.float32(1.0), per_tensor_scale)  # scalar
   # 1 / per_tensor_scale overflows for a tensor amax below 2688 / FLT_MAX; torchao's
   # Inf / s stays Inf (div_rn takes finite operands).
   reciprocal = jnp.where(jnp.isinf(inv_pts), inv_pts, rounding_lib.div_rn(inv_pts, s))
@@ -1100,7 +1122,7 @@ def nvfp4_grid_multipliers(x: jax.Array, *, block_shape: int | Sequence[int] | N
   amax_axis_name = check_amax_axis_name(amax_axis_name, "nvfp4_grid_multipliers")
   if convention == "te":
     s_enc, _ = nvfp4_tensor_scale(xp, amax_axis_name=amax_axis_name)
-    s_dec, mult = _nvfp4_te_scales(block_amax, s_enc)
+    s_dec, mult = _nvfp4_te_scales(block_amax, s_enc, rounding_lib.div_rn_idiv)
     clamped = (s_dec == 0) & (block_amax > 0)
   else:
     pts = nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
@@ -1239,7 +1261,8 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)
-  s_dec, enc = _materialize(*_nvfp4_te_scales(block_amax, s_enc))
+  s_dec, enc = _materialize(*_nvfp4_te_scales(block_amax, s_enc,
+                                                rounding_lib.div_rn_idiv))
   if dequantize is True:
     # x, not its bits, enters the branches: an operand of lax.cond is materialized.
     return tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(

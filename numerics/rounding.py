@@ -256,7 +256,9 @@ def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
   subnormal operands as zero. A restoring long division of the 24-bit significands
   (26 quotient bits, then guard and sticky) gives the IEEE result, subnormal results
   included; ``b == 0`` gives Inf (and ``0 / 0`` gives Inf too: callers clamp it).
-  About 140 integer ops per element: meant for per-block and per-tensor scales.
+  About 140 integer ops per element: meant for per-block and per-tensor scales, and
+  what the Pallas kernels run; scalar divisions in jnp programs use
+  :func:`div_rn_idiv` (same bits, fewer ops to compile).
   """
   abits, (sa, ea) = _magnitude_parts(a)
   bbits, (sb, eb) = _magnitude_parts(b)
@@ -266,6 +268,36 @@ def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
     ge = r >= sb
     q = (q << 1) | ge.astype(jnp.uint32)
     r = jnp.where(ge, r - sb, r) << 1
+  return _div_round(abits, bbits, ea, eb, q, r)
+
+
+def div_rn_idiv(a: jax.Array, b: jax.Array) -> jax.Array:
+  """:func:`div_rn` (float32 ``a / b``, ``a, b >= 0`` finite, IEEE round to nearest
+  even, subnormal operands and results included) with the quotient's 26 bits from five
+  uint32 divisions (1, 8, 8, 8 and 1 bits) instead of a 26-step loop: the same bits
+  (tested against :func:`div_rn` and NumPy), about 60 ops instead of 140 to compile.
+  For scalars in jnp programs (XLA divides unsigned integers exactly on every
+  backend): XLA:CPU keeps integer divisions out of loop fusions, so on per-block
+  arrays :func:`div_rn`'s loop, which fuses, runs faster. The Pallas kernels keep
+  :func:`div_rn`. Not differentiable (integer ops).
+  """
+  abits, (sa, ea) = _magnitude_parts(a)
+  bbits, (sb, eb) = _magnitude_parts(b)
+  sb = jnp.where(sb == _U(0), _U(1), sb)  # b == 0 is patched below
+  # sa, sb < 2^24 and r < sb, so every r << 8 fits in 32 bits.
+  q = lax.div(jnp.asarray(sa, jnp.uint32), sb)  # 0 or 1: sa / sb in (1/2, 2)
+  r = sa - q * sb
+  for k in (8, 8, 8, 1):
+    t = r << _U(k)
+    c = lax.div(t, sb)
+    r = t - c * sb
+    q = (q << _U(k)) | c
+  return _div_round(abits, bbits, ea, eb, q, r)
+
+
+def _div_round(abits, bbits, ea, eb, q, r) -> jax.Array:
+  """The float32 quotient from ``q = floor(sa 2^25 / sb)`` and a remainder ``r`` that
+  is zero exactly when the division is exact (both :func:`div_rn` variants)."""
   big = q >= _U(1 << 25)
   big_i = big.astype(jnp.int32)
   e = ea - eb - _I(1) + big_i  # floor(log2(a / b))

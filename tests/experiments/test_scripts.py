@@ -22,6 +22,7 @@ def test_demo_formats_prints_every_format():
 
 @pytest.mark.parametrize("script,args", [
     ("experiments.benchmarks.numerics_throughput", ["--size=65536", "--repeats=1"]),
+    ("experiments.benchmarks.quantizer_cpu", ["--size=65536", "--rounds=1", "--calls=1"]),
     ("experiments.benchmarks.qtrain_step", ["--d_model=32", "--layers=1", "--batch=2", "--seq=32",
                                   "--repeats=1", "--recipes=bf16,mxfp8"]),
     ("experiments.benchmarks.library_speed", ["--width=64", "--layers=1", "--batch=16",
@@ -32,6 +33,19 @@ def test_demo_formats_prints_every_format():
 def test_benchmarks_run_small(script, args):
   out = _run(script, *args)
   assert out.strip()
+
+
+def test_small_models_benchmark_smoke(tmp_path):
+  """The small-model benchmark at tiny sizes: one compile and one step per arm, every
+  arm's ratio to bf16 in the JSON."""
+  out = tmp_path / "small.json"
+  _run("experiments.benchmarks.small_models", "--models=vit", "--tokens=16",
+       "--widths=32", "--depth=1", "--heads=1", "--batch=2", "--repeats=1",
+       "--compile_rounds=1", "--recipes=bf16,mxfp8", "--qwix=", f"--json={out}")
+  rows = json.loads(out.read_text())
+  assert [r["arm"] for r in rows] == ["bf16", "mxfp8"]
+  assert rows[0]["step_ratio_median"] == 1.0 and rows[0]["compile_ratio"] == 1.0
+  assert all(r["step_ms_median"] > 0 and r["compile_s"] > 0 for r in rows)
 
 
 def test_kernel_check_smoke_writes_its_json(tmp_path):

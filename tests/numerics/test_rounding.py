@@ -425,6 +425,36 @@ def test_div_rn_is_ieee_division_from_integer_ops():
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_div_rn_idiv_equals_div_rn_and_numpy():
+  """The five-division quotient (jnp programs) against the long division (kernels)
+  and NumPy's float32 division, bit for bit: random bit patterns, subnormal dividends
+  and divisors, exponents close together, NumPy-constant operands and hand cases."""
+  from lowprec.numerics import rounding
+  rng = np.random.default_rng(2)
+  n = 1 << 16
+  a = rng.integers(0, 0x7F800000, n, dtype=np.uint32).view(np.float32)
+  b = rng.integers(0, 0x7F800000, n, dtype=np.uint32).view(np.float32)
+  sub = rng.integers(0, 0x800000, n, dtype=np.uint32).view(np.float32)
+  near = rng.uniform(0.5, 4.0, (2, n)).astype(np.float32)
+  hand = np.array([[1.0, 3.0], [2688.0, 1.4e-45], [1.0, 3.4028235e38], [6.0, 6.0],
+                   [0.0, 5.0], [7.0, 0.0], [1.1754942e-38, 2.0], [3.0, 1.0000001],
+                   [16777215.0, 1.0000001], [1.4e-45, 3.4028235e38]], np.float32).T
+  pairs = ((a, b), (near[0], near[1]), (sub, b), (a, sub), (sub, near[0]),
+           (hand[0], hand[1]))
+  for x, y in pairs:
+    got = np.asarray(jax.jit(rounding.div_rn_idiv)(x, y)).view(np.uint32)
+    np.testing.assert_array_equal(
+        got, np.asarray(jax.jit(rounding.div_rn)(x, y)).view(np.uint32))
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+      want = (x / y).astype(np.float32).view(np.uint32)
+    ok = (x != 0) | (y != 0)  # 0 / 0 is Inf by contract, not NumPy's NaN
+    np.testing.assert_array_equal(got[ok], want[ok])
+  for c in (np.float32(1.0), np.float32(2688.0)):
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(lambda y, c=c: rounding.div_rn_idiv(c, y))(b)).view(np.uint32),
+        np.asarray(jax.jit(lambda y, c=c: rounding.div_rn(c, y))(b)).view(np.uint32))
+
+
 def test_leading_zeros_equals_a_numpy_count_on_every_24_bit_word():
   """The clz-free count the Pallas kernels use (Triton cannot lower uint32 clz), held
   exhaustively on n < 2^24 against NumPy's bit length (32 - bit_length(n))."""
