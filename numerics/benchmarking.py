@@ -24,14 +24,15 @@ def best_time(fn: Callable[..., Any], *args: Any, repeats: int = 7) -> float:
   return best
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, repeats: int
-                ) -> dict[str, list[float]]:
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, repeats: int,
+                first: int = 0) -> dict[str, list[float]]:
   """``{name: [per-round min seconds]}``; ``fns[name]()`` is called and blocked on,
   the names in a rotated order each round (so load that comes and goes during the
-  rounds falls on every name alike)."""
+  rounds falls on every name alike). ``first`` continues the rotation of an earlier
+  call's rounds (a benchmark run in looks)."""
   names = list(fns)
   out: dict[str, list[float]] = {n: [] for n in names}
-  for r in range(rounds):
+  for r in range(first, first + rounds):
     order = names[r % len(names):] + names[:r % len(names)]
     for name in order:
       best = float("inf")

@@ -26,7 +26,7 @@ import math
 import os
 import platform
 import time
-from typing import Any, Callable
+from typing import Any
 
 from absl import app, flags
 
@@ -35,6 +35,7 @@ from experiments.common.confirmatory import fixed_verdict
 from experiments.common.sequential import SequentialPlan, claim_outcome
 from experiments.qlora import sweeps
 from experiments.qlora.appendix import NO_SLOWDOWN, speed_verdict
+from lowprec.numerics import benchmarking
 
 FLAGS = flags.FLAGS
 
@@ -59,24 +60,6 @@ def outcomes(log_s: dict[str, list[float]], looks_done: int) -> list:
   return [claim_outcome(c, dict(enumerate(log_s[c["arm"]])),
                         dict(enumerate(log_s[c["baseline"]])), False, plan, rounds,
                         looks_done) for c in _claims()]
-
-
-def _timed_rounds(fns: dict[str, Callable[[], Any]], first: int, count: int,
-                  repeats: int) -> dict[str, list[float]]:
-  """numerics.benchmarking.interleaved with the rotation continued from round ``first``."""
-  import jax  # pylint: disable=import-outside-toplevel
-  names = list(fns)
-  out: dict[str, list[float]] = {n: [] for n in names}
-  for r in range(first, first + count):
-    order = names[r % len(names):] + names[:r % len(names)]
-    for name in order:
-      best = float("inf")
-      for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fns[name]())
-        best = min(best, time.perf_counter() - t)
-      out[name].append(best)
-  return out
 
 
 def run(out_dir: str, cpu: int, config: Any = None) -> dict[str, Any]:
@@ -122,7 +105,7 @@ def _run_pinned(out_dir: str, cpu: int, allowed: list[int], config: Any) -> dict
   for k, n in enumerate(schedule, start=1):
     load_before = [round(x, 2) for x in os.getloadavg()]
     t1 = time.perf_counter()
-    times = _timed_rounds(fns, done, n - done, sweeps.SPEED_REPEATS)
+    times = benchmarking.interleaved(fns, n - done, sweeps.SPEED_REPEATS, first=done)
     for name, ts in times.items():
       record["per_round_s"][name] += ts
     done = n
