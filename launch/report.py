@@ -25,7 +25,7 @@ from absl import app, flags
 from experiments.common.config_flags import flag_value
 from experiments.common.curve_plots import plot_curves
 from experiments.common import log_filters
-from experiments.common.stats import paired_difference, paired_equivalence, summarize
+from experiments.common.stats import decide_claim, paired_difference, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
 from experiments.common.tensorboard_reader import has_event_files, read_scalars
@@ -106,40 +106,20 @@ def _curve_count_note(arm: str, tag: str, plotted: list[str], in_table: list[str
 def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],
                   higher_is_better: bool) -> tuple[str, str]:
   """(statistics cell, verdict) of one declared claim (see
-  :class:`experiments.common.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value."""
-  d = paired_difference(arm, baseline)
-  # Seeds where the arm is better in the metric's own direction (a lower loss is a
-  # win), not merely seeds with a positive difference.
-  sign = 1.0 if higher_is_better else -1.0
-  better = sum(sign * (arm[s] - baseline[s]) > 0 for s in arm if s in baseline)
+  :class:`experiments.common.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value.
+  The verdict is :func:`experiments.common.stats.decide_claim`'s."""
+  c = decide_claim(claim["kind"], claim.get("margin") or 0.0, arm, baseline,
+                   higher_is_better)
+  d, e = c.difference, c.equivalence
   stats_cell = (f"{_fmt(d.mean)} [{_fmt(d.ci_low)}, {_fmt(d.ci_high)}], n = {d.n}, "
-                f"arm better on {better}/{d.n}")
-  if d.n < 2:
-    return stats_cell, f"not decided ({d.n} paired seeds)"
-  if claim["kind"] == "equivalent":
-    e = paired_equivalence(arm, baseline, claim["margin"])
+                f"arm better on {c.better}/{d.n}")
+  if d.n >= 2 and claim["kind"] == "equivalent":
     stats_cell += (f"; TOST margin ±{claim['margin']:g}: 90% CI [{_fmt(e.ci_low)}, "
                    f"{_fmt(e.ci_high)}], p = {_fmt(e.p, 4)}")
-    if e.equivalent(0.05):
-      return stats_cell, "held (equivalent within the margin)"
-    if d.excludes_zero:
-      return stats_cell, "differs"
-    return stats_cell, "not decided (no power to show equivalence)"
-  better_sign = 1.0 if higher_is_better else -1.0
-  if claim["kind"] == "not_better":
-    e = paired_equivalence(arm, baseline, claim["margin"])  # its 90% interval's ends
-    gain_bound = e.ci_high if higher_is_better else -e.ci_low  # one-sided 95% bound
+  elif d.n >= 2 and claim["kind"] == "not_better":
     stats_cell += (f"; non-superiority margin {claim['margin']:g}: one-sided 95% bound "
-                   f"on the gain {_fmt(gain_bound)}")
-    if gain_bound < claim["margin"]:
-      return stats_cell, "held (no gain beyond the margin)"
-    if d.excludes_zero and d.mean * better_sign > 0:
-      return stats_cell, "opposite"
-    return stats_cell, "not decided (the bound reaches the margin)"
-  claimed_sign = better_sign if claim["kind"] == "better" else -better_sign
-  if not d.excludes_zero:
-    return stats_cell, "not decided (the interval holds 0)"
-  return stats_cell, "held" if (d.mean > 0) == (claimed_sign > 0) else "opposite"
+                   f"on the gain {_fmt(c.gain_bound)}")
+  return stats_cell, c.verdict
 
 
 def claims_table(info: dict[str, Any], values_of) -> list[str]:

@@ -5,8 +5,8 @@ seeds with a sequential plan (:mod:`experiments.common.sequential`), declared an
 committed before its first run. The decisions use the fresh seeds alone. The appendix
 shows each claim's pilot result beside it: the committed pilot sweep's fixed-n paired
 statistics on the pilot's own seeds and the verdict the fixed claims table gives them
-(the rule of ``launch.report.claim_verdict``, restated here because the papers' folders
-may not import ``launch``; a test holds the two equal on every committed pilot claim).
+(:func:`experiments.common.stats.decide_claim`, the rule ``launch.report.claim_verdict``
+applies too; a test holds the two equal on every committed pilot claim).
 
 A :class:`Pilot` names where the pilot figure comes from: the pilot's report directory
 (relative to the repository root, read from the committed files, so a copied
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.sequential import ClaimOutcome, SequentialPlan, claim_outcome
-from experiments.common.stats import paired_difference, paired_equivalence
+from experiments.common.stats import decide_claim
 from experiments.common.sweep_data import (evaluation_metrics, read_manifest,
                                            read_sweep_info, run_dir)
 from experiments.common.tensorboard_reader import read_scalars
@@ -53,36 +53,17 @@ def _fmt(x: float, digits: int = 4) -> str:
 def fixed_verdict(kind: str, margin: float, arm: Mapping[int, float],
                   baseline: Mapping[int, float], higher_is_better: bool) -> tuple[str, str]:
   """(statistics cell, verdict) of a claim under the fixed-n rule of the claims table
-  (``launch.report.claim_verdict``: 95% paired t-interval, TOST at level 0.05,
-  one-sided non-superiority at level 0.05)."""
-  d = paired_difference(arm, baseline)
-  sign = 1.0 if higher_is_better else -1.0
-  better = sum(sign * (arm[s] - baseline[s]) > 0 for s in arm if s in baseline)
+  (:func:`experiments.common.stats.decide_claim`, which ``launch.report.claim_verdict``
+  uses too), in this appendix's shorter wording."""
+  c = decide_claim(kind, margin, arm, baseline, higher_is_better)
+  d, e = c.difference, c.equivalence
   cell = (f"{_fmt(d.mean)} [{_fmt(d.ci_low)}, {_fmt(d.ci_high)}], n = {d.n}, arm better "
-          f"on {better}/{d.n}")
-  if d.n < 2:
-    return cell, f"not decided ({d.n} paired seeds)"
-  if kind == "equivalent":
-    e = paired_equivalence(arm, baseline, margin)
+          f"on {c.better}/{d.n}")
+  if d.n >= 2 and kind == "equivalent":
     cell += f"; TOST ±{margin:g}: 90% CI [{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
-    if e.equivalent(0.05):
-      return cell, "held (equivalent within the margin)"
-    if d.excludes_zero:
-      return cell, "differs"
-    return cell, "not decided (no power to show equivalence)"
-  if kind == "not_better":
-    e = paired_equivalence(arm, baseline, margin)
-    bound = e.ci_high if higher_is_better else -e.ci_low
-    cell += f"; one-sided 95% bound on the gain {_fmt(bound)} (margin {margin:g})"
-    if bound < margin:
-      return cell, "held (no gain beyond the margin)"
-    if d.excludes_zero and d.mean * sign > 0:
-      return cell, "opposite"
-    return cell, "not decided (the bound reaches the margin)"
-  claimed = sign if kind == "better" else -sign
-  if not d.excludes_zero:
-    return cell, "not decided (the interval holds 0)"
-  return cell, "held" if (d.mean > 0) == (claimed > 0) else "opposite"
+  elif d.n >= 2 and kind == "not_better":
+    cell += f"; one-sided 95% bound on the gain {_fmt(c.gain_bound)} (margin {margin:g})"
+  return cell, c.verdict
 
 
 def _curve_values(report_dir: str, arm: str, metric: str, step: int) -> dict[int, float]:

@@ -184,3 +184,48 @@ def sign_test(differences: Sequence[float]) -> tuple[int, int, float]:
     return 0, 0, math.nan
   k = int(np.sum(d > 0))
   return k, int(d.size), float(stats.binomtest(k, int(d.size), 0.5).pvalue)
+
+
+class ClaimDecision(NamedTuple):
+  """A declared claim decided by the fixed-n rule of the claims table: the paired
+  difference, the equivalence test (``equivalent`` and ``not_better`` claims; else
+  None), the seeds where the arm is better in the metric's direction, the one-sided 95%
+  bound on the gain (``not_better``; else None) and the verdict."""
+
+  difference: PairedDifference
+  equivalence: Equivalence | None
+  better: int
+  gain_bound: float | None
+  verdict: str
+
+
+def decide_claim(kind: str, margin: float, arm: Mapping[int, float],
+                 baseline: Mapping[int, float], higher_is_better: bool) -> ClaimDecision:
+  """The fixed-n verdict of a claim of ``kind`` (better / worse / equivalent /
+  not_better) on ``arm`` against ``baseline`` (seed -> value): 95% paired t-interval,
+  TOST at level 0.05 within ``margin``, one-sided non-superiority at level 0.05."""
+  d = paired_difference(arm, baseline)
+  # Seeds where the arm is better in the metric's own direction (a lower loss is a
+  # win), not merely seeds with a positive difference.
+  sign = 1.0 if higher_is_better else -1.0
+  better = sum(sign * (arm[s] - baseline[s]) > 0 for s in arm if s in baseline)
+  if d.n < 2:
+    return ClaimDecision(d, None, better, None, f"not decided ({d.n} paired seeds)")
+  if kind == "equivalent":
+    e = paired_equivalence(arm, baseline, margin)
+    verdict = ("held (equivalent within the margin)" if e.equivalent(0.05) else
+               "differs" if d.excludes_zero else
+               "not decided (no power to show equivalence)")
+    return ClaimDecision(d, e, better, None, verdict)
+  if kind == "not_better":
+    e = paired_equivalence(arm, baseline, margin)  # its 90% interval's ends
+    bound = e.ci_high if higher_is_better else -e.ci_low  # one-sided 95% bound
+    verdict = ("held (no gain beyond the margin)" if bound < margin else
+               "opposite" if d.excludes_zero and d.mean * sign > 0 else
+               "not decided (the bound reaches the margin)")
+    return ClaimDecision(d, e, better, bound, verdict)
+  claimed = sign if kind == "better" else -sign
+  if not d.excludes_zero:
+    return ClaimDecision(d, None, better, None, "not decided (the interval holds 0)")
+  return ClaimDecision(d, None, better, None,
+                       "held" if (d.mean > 0) == (claimed > 0) else "opposite")
