@@ -2,7 +2,7 @@
 ``quantize_dequantize_mx``, bit for bit the integer reference.
 
 The reference (:func:`numerics.rounding.round_magnitude`, run by
-:func:`numerics.blockscale.mx_quantize_core` and the Pallas kernels) rounds each
+:func:`numerics.mx.mx_quantize_core` and the Pallas kernels) rounds each
 element by splitting its float32 bits into significand and exponent and rebuilding
 the result bit by bit: about 200 integer operations per element, most of them the
 leading-zero count and shifts that only subnormal inputs need. An MX block scale is
@@ -25,7 +25,7 @@ about 25 operations:
      so the float add rounds ``m`` to a multiple of the quantum, ties to even
      (``C / 2^qe`` is even), and the subtraction is exact;
    * toward zero: ``floor(m / 2^qe) * 2^qe``;
-   * stochastic: as :func:`numerics.blockscale._e2m1_sr_magnitude` (NVFP4's fast path)
+   * stochastic: as :func:`numerics.nvfp4_fast._e2m1_sr_magnitude` (NVFP4's fast path)
      on this grid: with ``t = m / 2^qe`` (exact), the reference rounds away exactly
      when the fraction's top ``r`` bits plus the word's top ``r`` bits carry out of
      ``r`` bits, which is the carry of the fraction's top 32 bits plus the word with
@@ -39,7 +39,7 @@ about 25 operations:
 
 Every element format of MX is covered (E4M3, E5M2, E2M3, E3M2, E2M1 and INT8, whose
 grid is the same formula with quantum 1), with every scale rule (the scales are the
-reference's, computed once per block by :mod:`numerics.blockscale`) and every rounding.
+reference's, computed once per block by :mod:`numerics.mx_scales`) and every rounding.
 No float operation here has a subnormal operand or result, so the bits are the same on
 every XLA backend. Tests (``tests/numerics/test_mx_fast_path.py``) hold it bit for
 bit to the reference core and to the NumPy reference.
@@ -58,7 +58,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from lowprec.numerics import block_layout
 from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import mx_scales
 
 _I = np.int32
 _ONE_EXP = _I(1 << 23)  # one unit of the float32 exponent field
@@ -173,7 +175,7 @@ def _materialize_int(*block_values: jax.Array) -> tuple[jax.Array, ...]:
   """The same int32 per-block arrays, computed once (not fused, per element, into the
   element pass that broadcasts them): a max-reduction with the int32 minimum over a new
   axis of two, which XLA never fuses into its consumer (as
-  :func:`numerics.blockscale._materialize` for floats)."""
+  :func:`numerics.nvfp4_fast._materialize` for floats)."""
   lo = np.int32(np.iinfo(np.int32).min)
   stacked = [jnp.stack([v, jnp.full_like(v, lo)], axis=-1) for v in block_values]
   return tuple(lax.reduce(tuple(stacked), tuple(lo for _ in stacked),
@@ -189,23 +191,22 @@ def quantize(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
   block amaxes, then the elements in float arithmetic.
 
   Returns ``(element codes, E8M0 scale codes)`` as
-  :func:`numerics.blockscale.mx_quantize_core`, or with ``dequantize`` the float32
-  array of :func:`numerics.blockscale.mx_quantize_dequantize_core`; equal to them bit
+  :func:`numerics.mx.mx_quantize_core`, or with ``dequantize`` the float32
+  array of :func:`numerics.mx.mx_quantize_dequantize_core`; equal to them bit
   for bit (tested). ``words``: uint32 of ``xp``'s shape for stochastic rounding, or a
   function returning them (called where they are used, so that XLA fuses them).
   Scales, their rules and clamping, and NaN/Inf blocks are the reference's
-  (:func:`numerics.blockscale.mx_scale_exponent`), computed once per block.
+  (:func:`numerics.mx_scales.mx_scale_exponent`), computed once per block.
   """
-  from lowprec.numerics import blockscale  # pylint: disable=g-import-not-at-top
   check_format(f)
-  bshape, bpos = blockscale._blocked_shape(xp.shape, axes, blocks)  # pylint: disable=protected-access
+  bshape, bpos = block_layout.blocked_shape(xp.shape, axes, blocks)
   b = _i32(xp).reshape(bshape)
   a = b & _I(0x7FFFFFFF)
   amax = a
   for p in reversed(bpos):  # tiles: the contiguous in-block axis first
     amax = jnp.max(amax, axis=p, keepdims=True)
   poisoned = amax >= _I(0x7F800000)
-  code = blockscale.mx_scale_exponent(
+  code = mx_scales.mx_scale_exponent(
       lax.bitcast_convert_type(jnp.where(poisoned, _I(0), amax), jnp.uint32), f,
       scale_rule)
   s = jnp.where(poisoned, _POISON, code - _I(127 + f.emax - f.mx_emax))

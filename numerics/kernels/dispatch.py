@@ -3,7 +3,7 @@
 Every kernel entry point takes ``use_kernel`` and ``interpret`` and resolves them to
 one of four implementations (:data:`IMPLS`):
 
-* ``"jnp"``: the XLA path (the jnp code in :mod:`numerics.blockscale`).
+* ``"jnp"``: the XLA path (the jnp code in :mod:`numerics.mx` and :mod:`numerics.nvfp4`).
 * ``"pallas"``: the compiled Pallas kernel of the platform the program is lowered for:
   Triton on ``cuda``/``rocm``, Mosaic on ``tpu`` (a ``lax.platform_dependent``
   switch, so one traced program lowers for either); lowering it for ``cpu`` fails.

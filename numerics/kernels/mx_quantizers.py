@@ -12,8 +12,8 @@ Every OCP element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), every scale rule,
 nearest, toward-zero or stochastic rounding; stochastic words come from the counter
 hash at each element's row-major index in the (padded) array, so they equal the jnp
 path's ``rng="hash"`` words whatever the tiling. The kernel body is the jnp path's
-integer-only core (:func:`numerics.blockscale.mx_quantize_core`,
-:func:`~numerics.blockscale.mx_quantize_dequantize_core`) on one tile; the tests hold
+integer-only core (:func:`numerics.mx.mx_quantize_core`,
+:func:`~numerics.mx.mx_quantize_dequantize_core`) on one tile; the tests hold
 both against the independent NumPy reference of the OCP spec. Tiling and dispatch:
 :mod:`numerics.kernels.blockwise`, :mod:`numerics.kernels.dispatch`.
 """
@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from lowprec.numerics import blockscale
 from lowprec.numerics import gradients
+from lowprec.numerics import mx
 from lowprec.numerics.blockscale import MX_BLOCK
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import rounding as rounding_lib
@@ -49,15 +50,15 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits, fn):
 def _quantize_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
   del scalars
   w = words() if rounding == "stochastic" else None
-  return blockscale.mx_quantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule, rounding,
-                                     w, rand_bits)
+  return mx.mx_quantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule, rounding, w,
+                             rand_bits)
 
 
 def _qdq_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
   del scalars
   w = words() if rounding == "stochastic" else None
-  return (blockscale.mx_quantize_dequantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule,
-                                                 rounding, w, rand_bits),)
+  return (mx.mx_quantize_dequantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule,
+                                         rounding, w, rand_bits),)
 
 
 def _stochastic(rounding, key, rand_bits) -> dict:

@@ -4,9 +4,9 @@ NVFP4 (:func:`numerics.quantize_nvfp4`, Transformer Engine's chain): 1x16 blocks
 E4M3 block scales ``S_dec = e4m3(min(block_amax * (S_enc / 6), 448))`` under an fp32
 tensor scale ``S_enc = 2688 / amax``. ``S_enc`` needs the amax of the whole tensor,
 which no tile sees, so it is one XLA reduction before the kernel
-(:func:`numerics.blockscale.nvfp4_tensor_scale`, as TPU's quantized-matmul kernel
+(:func:`numerics.nvfp4_te.nvfp4_tensor_scale`, as TPU's quantized-matmul kernel
 computes its abs-max outside); ``S_enc`` and ``1/S_enc`` enter the kernel as scalars
-(SMEM on TPU). The kernel body is :func:`numerics.blockscale.nvfp4_quantize_core` on
+(SMEM on TPU). The kernel body is :func:`numerics.nvfp4_te.nvfp4_quantize_core` on
 one tile.
 
 * :func:`nvfp4_quantize`: codes, scale codes and the tensor scale, equal bit for bit
@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from lowprec.numerics import blockscale
 from lowprec.numerics import gradients
+from lowprec.numerics import nvfp4_te
 from lowprec.numerics.blockscale import NVFP4_BLOCK
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.kernels import blockwise
@@ -43,14 +44,14 @@ def _check(x, rounding, key, rand_bits, fn):
 
 def _body(x, words, scalars, axis, *, rounding, rand_bits, dequantize):
   w = words() if rounding == "stochastic" else None
-  codes, scales, values = blockscale.nvfp4_quantize_core(
+  codes, scales, values = nvfp4_te.nvfp4_quantize_core(
       x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w, rand_bits)
   if dequantize == "blocks":
     return (values,)
   if dequantize:
     # 1/S_enc can be subnormal (tensor amax < 2688 * 2^-126), which TPUs and XLA:CPU
     # read as zero: the exact integer product then, behind a scalar branch.
-    return (blockscale.tensor_scaled(scalars[1], lambda mul: mul(values, scalars[1])),)
+    return (nvfp4_te.tensor_scaled(scalars[1], lambda mul: mul(values, scalars[1])),)
   return codes, scales
 
 
@@ -62,7 +63,7 @@ _STATIC = ("axis", "rounding", "rand_bits", "tile", "impl", "interpret_as", "deq
 def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequantize,
            amax_axis_name):
   xf = xp.astype(jnp.float32)
-  s_enc, inv_s_enc = blockscale.nvfp4_tensor_scale(xf, amax_axis_name=amax_axis_name)
+  s_enc, inv_s_enc = nvfp4_te.nvfp4_tensor_scale(xf, amax_axis_name=amax_axis_name)
 
   def jnp_fn(xp, key, s_enc, inv_s_enc):
     del s_enc, inv_s_enc

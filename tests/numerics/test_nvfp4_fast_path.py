@@ -24,6 +24,7 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import blockscale
+from lowprec.numerics import nvfp4_fast
 from lowprec.numerics import random_bits
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
@@ -249,7 +250,7 @@ def test_e2m1_rne_by_float_adds_matches_ml_dtypes():
   m = np.concatenate([bits[bits >= 0].view(np.float32),
                       np.linspace(0, 16, 200_001, dtype=np.float32),
                       np.float32([1e-40, 1e30, np.finfo(np.float32).max, np.inf])])
-  got = np.asarray(jax.jit(blockscale._e2m1_rne_magnitude)(jnp.asarray(m)))
+  got = np.asarray(jax.jit(nvfp4_fast._e2m1_rne_magnitude)(jnp.asarray(m)))
   want = np.minimum(m, np.float32(6.0)).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -276,7 +277,7 @@ def test_e2m1_stochastic_rounding_in_floats_matches_numpy_reference(rand_bits):
   word_sets += [np.full(m.shape, w, np.uint32) for w in (0, 1, 2**31 - 1, 2**31,
                                                           2**32 - 1)]
   word_sets += [~frac_bits, ~frac_bits + np.uint32(1)]
-  fast = jax.jit(blockscale._e2m1_sr_magnitude, static_argnums=2)
+  fast = jax.jit(nvfp4_fast._e2m1_sr_magnitude, static_argnums=2)
   for words in word_sets:
     want = ref.round_to_grid(m, "e2m1", "stochastic", words=words, rand_bits=rand_bits)
     got = np.asarray(fast(jnp.asarray(m), jnp.asarray(words), rand_bits))

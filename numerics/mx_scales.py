@@ -1,0 +1,97 @@
+"""OCP MX block scales: the E8M0 exponent each scale rule gives a block's amax.
+
+For a block with ``amax = max|x|`` and an element format whose largest binade is
+``emax`` and largest value ``max``, the rules (``scale_rule``) are:
+
+* ``floor`` (OCP MX v1.0 §6.3, the default): ``e = floor(log2 amax) - emax``.
+  ``amax / 2^e`` lies in ``[2^emax, 2^(emax+1))`` and can exceed ``max`` (E4M3: 448
+  < 512, E2M1: 6 < 8); those elements saturate to ``max`` (e.g. MXFP8 957 -> 896).
+* ``ceil``: ``e = ceil(log2 amax) - emax``; never saturates, loses a binade of range.
+* ``rceil``: the smallest ``e`` with ``amax <= max * 2^e`` (the cuBLAS/TE UE8M0 rule,
+  never saturates), computed exactly; hardware that forms ``amax * (1/max)`` in f32
+  can differ when that product is within an ulp of a power of two.
+* ``even``: round ``amax`` to the element's mantissa width (add half of the discarded
+  bits), then ``floor`` (torchao's EVEN).
+* ``alto``: round ``amax`` to one mantissa bit, then ``floor`` (ALTO's
+  ``_calculate_scales``; equal to ``even`` for E2M1).
+
+``e`` is clamped to the E8M0 range [-127, 127] (code ``e + 127``). The arithmetic is on
+the float32 bit patterns of the amax, so float32 subnormal amaxes (which XLA:CPU's
+float arithmetic flushes) get their exact ``floor(log2 amax)``. The quantizers that
+use these rules are in :mod:`numerics.mx`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import rounding as rounding_lib
+
+_U = np.uint32
+_I = np.int32
+
+ScaleRule = Literal["floor", "ceil", "rceil", "even", "alto"]
+SCALE_RULES = ("floor", "ceil", "rceil", "even", "alto")
+MX_ELEMENT_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
+MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
+
+
+def _floor_log2(bits: jax.Array) -> jax.Array:
+  """floor(log2 v) for positive finite float32 bits (subnormals by leading zeros)."""
+  e32 = (bits >> 23).astype(jnp.int32)
+  sub = _I(31) - rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - _I(149)
+  return jnp.where(e32 > 0, e32 - 127, sub)
+
+
+def _normalized_sig(bits: jax.Array) -> jax.Array:
+  """24-bit significand with its leading one at bit 23 (subnormals shifted up)."""
+  e32 = bits >> 23
+  sub = bits << jnp.clip(rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - 8, 0,
+                         31).astype(jnp.uint32)
+  return jnp.where(e32 > 0, (bits & _U(0x7FFFFF)) | _U(0x800000), sub)
+
+
+def _round_amax_mantissa(bits: jax.Array, keep: int) -> jax.Array:
+  """amax bits with the mantissa rounded (half up) to ``keep`` bits."""
+  return bits + _U(1 << (22 - keep))
+
+
+def mx_scale_exponent(amax_bits: jax.Array, fmt: formats_lib.Format,
+                      scale_rule: str) -> jax.Array:
+  """OCP E8M0 scale code (int32 in [0, 254]) for block amax bits (finite, >= 0)."""
+  return jnp.clip(mx_scale_code_unclamped(amax_bits, fmt, scale_rule), 0, 254)
+
+
+def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
+                            scale_rule: str) -> jax.Array:
+  """The E8M0 code the scale rule asks for (int32), before clamping to [0, 254].
+
+  Outside [0, 254] the block's scale is clamped (numerics telemetry counts these);
+  a zero amax gives code 0 (not a clamp).
+  """
+  m = fmt.man_bits if fmt.kind == "float" else 7
+  if scale_rule == "floor":
+    e = _floor_log2(amax_bits) - fmt.emax
+  elif scale_rule == "ceil":
+    sig = _normalized_sig(amax_bits)
+    e = (_floor_log2(amax_bits) - fmt.emax
+         + (sig != _U(0x800000)).astype(jnp.int32))
+  elif scale_rule == "rceil":
+    e0 = _floor_log2(amax_bits) - fmt.emax
+    max_sig = _U((np.float32(fmt.max).view(np.uint32) & 0x7FFFFF) | 0x800000)
+    e = e0 + (_normalized_sig(amax_bits) > max_sig).astype(jnp.int32)
+  elif scale_rule == "even":
+    e = _floor_log2(_round_amax_mantissa(amax_bits, m)) - fmt.emax
+  elif scale_rule == "alto":
+    e = _floor_log2(_round_amax_mantissa(amax_bits, 1)) - fmt.emax
+  else:
+    raise ValueError(f"unknown scale_rule {scale_rule!r}; known: "
+                     f"{', '.join(SCALE_RULES)}")
+  # OCP's code counts from the spec's emax_elem (MXINT8 carries an implicit 2^-6).
+  code = e + (fmt.emax - fmt.mx_emax) + 127
+  return jnp.where(amax_bits == 0, 0, code)

@@ -1,0 +1,208 @@
+"""NVFP4 (Transformer Engine's chain) in two passes: the jnp fast path.
+
+:func:`nvfp4_te_fast` is what :func:`numerics.nvfp4.quantize_nvfp4` and its
+dequantizing forms run for the ``te`` convention, with any rounding: the block amaxes
+(with the tensor amax taken from them), then the elements. Its per-block values
+(``S_dec``, ``enc``) are materialized once per block (:func:`_materialize`), so
+``div_rn``'s ~140 integer ops are paid per block and per tensor, never per element: a
+few percent of the pass, which leaves no reason to branch to XLA:CPU's native division
+on that backend (correctly rounded for normal quotients, but it flushes subnormal
+ones, e.g. ``1/S_enc``). E2M1 rounding is done in float arithmetic
+(:func:`_e2m1_rne_magnitude`, :func:`_e2m1_sr_magnitude`) on operands that are never
+subnormal. The ``torchao`` convention and the Pallas kernels run the reference cores
+(:mod:`numerics.nvfp4_torchao`, :func:`numerics.nvfp4_te.nvfp4_quantize_core`); the
+tests hold this path bit-equal to the TE core and both to the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from lowprec.numerics import block_layout
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import nvfp4_te
+from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics.block_layout import AmaxAxisName
+
+_U = np.uint32
+
+
+def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
+  """The same per-block float32 arrays (values >= +0, or NaN with the sign bit clear),
+  computed once.
+
+  XLA fuses cheap per-block integer arithmetic (here: E4M3 rounding of the block
+  scale, the integer-emulated division of ``enc``) into the per-element loop that
+  broadcasts it, which recomputes it for every element (16-256x the work), and the CPU
+  pipeline drops ``optimization_barrier`` before fusion. A reduction is never fused
+  into its consumer, so each array is passed through a max-reduction with zero over a
+  new axis of two, on the int32 bits (such floats order as their bits, NaN above every
+  number): the result is the input, bit for bit, and materialized.
+  """
+  bits = [lax.bitcast_convert_type(v, jnp.int32) for v in block_values]
+  stacked = [jnp.stack([b, jnp.zeros_like(b)], axis=-1) for b in bits]
+  out = lax.reduce(tuple(stacked), tuple(np.int32(0) for _ in bits),
+                   lambda x, y: tuple(jnp.maximum(a, b) for a, b in zip(x, y)),
+                   (bits[0].ndim,))
+  return tuple(lax.bitcast_convert_type(o, jnp.float32) for o in out)
+
+
+# E2M1 round-to-nearest-even of a magnitude m >= 0 (saturating at 6) as float adds:
+# ``(m + C) - C`` rounds m to a multiple of C's ulp in the sum's binade, ties to even,
+# with C = 1.5 * 2^22 (quantum 0.5) below 2, 1.5 * 2^23 (quantum 1) below 4 and
+# 1.5 * 2^24 (quantum 2) above; larger m (and Inf) come out above 6 and saturate.
+_E2M1_RNE_ADD = (np.float32(1.5 * 2.0 ** 22), np.float32(1.5 * 2.0 ** 23),
+                 np.float32(1.5 * 2.0 ** 24))
+
+
+def _e2m1_rne_magnitude(m: jax.Array) -> jax.Array:
+  """float32 E2M1 value (0 .. 6) nearest to float32 ``m >= 0``, ties to even."""
+  c = jnp.where(m < np.float32(2.0), _E2M1_RNE_ADD[0],
+                jnp.where(m < np.float32(4.0), _E2M1_RNE_ADD[1], _E2M1_RNE_ADD[2]))
+  return jnp.minimum((m + c) - c, np.float32(6.0))
+
+
+def _e2m1_sr_magnitude(m: jax.Array, words: jax.Array, rand_bits: int | None
+                       ) -> jax.Array:
+  """float32 E2M1 value (0 .. 6) of float32 ``m >= 0`` rounded stochastically.
+
+  Equal bit for bit to :func:`numerics.rounding.round_magnitude` on E2M1's grid (then
+  saturated at 6), but in float arithmetic: with quantum ``q`` (0.5 below 2, 1 below
+  4, 2 above), ``t = m / q`` and its fraction ``t - floor(t)`` are exact, and the
+  reference rounds away from zero exactly when the fraction's top ``r`` bits plus the
+  word's top ``r`` bits carry out of ``r`` bits (``r = rand_bits``, 32 when None; a
+  fraction with fewer bits is padded with zeros, which cannot change the carry). That
+  is the carry of the fraction's top 32 bits plus the word with its low ``32 - r``
+  bits cleared: the fraction's bits below ``r`` are too few to carry on their own.
+  """
+  inv_q = jnp.where(m < np.float32(2.0), np.float32(2.0),
+                    jnp.where(m < np.float32(4.0), np.float32(1.0), np.float32(0.5)))
+  t = m * inv_q
+  k = jnp.floor(t)
+  # The fraction's top 32 bits; exact below 2^32, and an Inf m gives NaN here, which
+  # only decides whether Inf + 1 saturates to 6.
+  frac = ((t - k) * np.float32(2.0 ** 32)).astype(jnp.uint32)
+  if rand_bits is not None and rand_bits < 32:
+    words = words & np.uint32((0xFFFFFFFF << (32 - rand_bits)) & 0xFFFFFFFF)
+  away = words > ~frac  # frac + words >= 2^32
+  return jnp.minimum((k + away.astype(jnp.float32)) / inv_q, np.float32(6.0))
+
+
+def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
+  """uint32 E2M1 magnitude code (0..7) of the float32 bits of an E2M1 value >= 0."""
+  e = bits >> 23  # 0.5 -> 126, 1 -> 127, ..., 6 -> 129
+  normal = ((e - np.uint32(126)) << 1) | ((bits >> 22) & np.uint32(1))
+  return jnp.where(e >= np.uint32(127), normal,
+                   jnp.where(e == np.uint32(126), np.uint32(1), np.uint32(0)))
+
+
+def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
+                  rounding: str, words, rand_bits: int | None,
+                  dequantize: bool | str, amax_axis_name: AmaxAxisName = None):
+  """NVFP4 (``te`` convention, any rounding) in two passes over ``xp``.
+
+  The fast jnp path of :func:`numerics.nvfp4.quantize_nvfp4` and
+  :func:`numerics.nvfp4.quantize_dequantize_nvfp4`: one pass takes each block's amax
+  (finite and not, in one variadic reduction), from which the tensor amax, ``S_enc``
+  and each block's ``S_dec`` and ``enc`` follow
+  (:func:`numerics.nvfp4_te.te_block_scales`, materialized once per block by
+  :func:`_materialize`); the second works on ``x`` in its blocked shape (a per-block
+  value is a plain broadcast there): it scales ``|x|`` by ``enc`` (a float32 subnormal
+  ``x`` scaled up by 2^24 first, as :func:`numerics.nvfp4_te.mul_subnormal_lhs` does)
+  and rounds onto E2M1, to nearest by float adds (:func:`_e2m1_rne_magnitude`),
+  stochastically on ``words`` in float arithmetic (:func:`_e2m1_sr_magnitude`), toward
+  zero by the reference :func:`numerics.rounding.round_magnitude`. Equal bit for bit
+  to :func:`numerics.nvfp4_te.nvfp4_quantize_core` (tested, and both against the NumPy
+  reference). Returns (codes, scale codes, 1/S_enc), or the dequantized float32 tensor
+  with ``dequantize``, or with ``dequantize="blocks"`` (the dequantized tensor before
+  its tensor scale, 1/S_enc). ``words``: uint32 of ``xp``'s shape (or a function
+  returning them, called where they are used, so that XLA fuses them), or None.
+  ``amax_axis_name``: as :func:`numerics.nvfp4.quantize_nvfp4`. With
+  ``dequantize=True`` the second pass runs behind
+  :func:`numerics.nvfp4_te.tensor_scaled`.
+  """
+  e4m3 = formats_lib.get("e4m3")
+  bshape, bpos = block_layout.blocked_shape(xp.shape, axes, blocks)
+  xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
+  ab = lax.bitcast_convert_type(xb & np.uint32(0x7FFFFFFF), jnp.int32)
+  finite_ab = jnp.where(ab < np.int32(0x7F800000), ab, np.int32(0))
+  amax, finite_amax = ab, finite_ab
+  for p in reversed(bpos):  # tiles: the contiguous in-block axis first (faster on CPU)
+    amax, finite_amax = lax.reduce(
+        (amax, finite_amax), (np.int32(0), np.int32(0)),
+        lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (p,))
+    amax, finite_amax = (jnp.expand_dims(v, p) for v in (amax, finite_amax))
+  t_amax_bits = block_layout.reduce_amax_bits(jnp.max(finite_amax, initial=np.int32(0)),
+                                 amax_axis_name)
+  s_enc, inv_s_enc = nvfp4_te.tensor_scale_of_amax(
+      t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32))
+  poisoned = amax >= np.int32(0x7F800000)
+  block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
+                                        jnp.float32)
+  s_dec, enc = _materialize(*nvfp4_te.te_block_scales(block_amax, s_enc,
+                                                rounding_lib.div_rn_idiv))
+  if dequantize is True:
+    # x, not its bits, enters the branches: an operand of lax.cond is materialized.
+    return nvfp4_te.tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(
+        xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+        lambda v: mul(v, inv_s_enc))).reshape(xp.shape)
+  elem, elem_bits, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding,
+                                             rand_bits, bshape)
+  if dequantize:
+    value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
+    value = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
+    value = jnp.where(poisoned, np.float32(np.nan), value).reshape(xp.shape)
+    return value, inv_s_enc
+  codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
+  codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
+  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
+                          nvfp4_te.encode_e4m3_nonnegative(s_dec)).astype(jnp.uint8)
+  return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
+
+
+def _call(words):
+  """Random words given as an array or as a function returning one."""
+  return words() if callable(words) else words
+
+
+def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
+  """(E2M1 magnitudes as float32 and as bits, sign bits) of the blocked bits ``xb``."""
+  words = None if words is None else _call(words)
+  a = jnp.where(poisoned, np.uint32(0), xb & np.uint32(0x7FFFFFFF))
+  sign = xb & np.uint32(0x80000000)
+  # |x| * enc, also for a float32 subnormal |x| (XLA:CPU would read it as zero): the
+  # bits of a subnormal are its value in units of 2^-149, so float(a) * 2^-125 is
+  # |x| * 2^24 exactly; the product is scaled back by 2^-24 (nvfp4_te.mul_subnormal_lhs).
+  sub = a < np.uint32(0x00800000)
+  up = jnp.where(sub, a.astype(jnp.float32) * np.float32(2.0 ** -125),
+                 lax.bitcast_convert_type(a, jnp.float32))
+  prod = up * enc
+  scaled = jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
+  if rounding == "nearest":
+    elem = _e2m1_rne_magnitude(scaled)
+    elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
+  elif rounding == "stochastic":
+    elem = _e2m1_sr_magnitude(scaled, words.reshape(bshape), rand_bits)
+    elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
+  else:
+    elem_bits = block_layout.round_elements(
+        lax.bitcast_convert_type(scaled, jnp.uint32), _U(0), formats_lib.get("e2m1"), 0,
+        rounding, None if words is None else words.reshape(bshape), rand_bits)
+    elem = lax.bitcast_convert_type(elem_bits, jnp.float32)
+  return elem, elem_bits, sign
+
+
+def _nvfp4_te_second_pass(xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+                          scale_by_tensor):
+  """The dequantized tensor (blocked shape): ``scale_by_tensor(element * S_dec)``."""
+  xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
+  elem, _, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits,
+                                     bshape)
+  value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
+  value = lax.bitcast_convert_type(
+      lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)
+  return jnp.where(poisoned, np.float32(np.nan), scale_by_tensor(value))
