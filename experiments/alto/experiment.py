@@ -6,7 +6,7 @@
     python -m launch.sweep --sweep=alto                          # the ablation table
 
 The model is :class:`models.transformer.DecoderLM` with a top-k MoE feed-forward in every
-block; the recipe quantizes the attention projections and the grouped expert GEMMs, and
+block (:class:`experiments.common.moe_lm.MoELMConfig`); the recipe quantizes the attention projections and the grouped expert GEMMs, and
 the router, attention products and LM head stay bf16 (ALTO's convention, the rule list
 of :func:`experiments.common.recipe_flag.model_rules`). ``--recipe_options``
 adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
@@ -27,9 +27,9 @@ import jax
 import optax
 
 from experiments.common import lm_trainer
+from experiments.common import moe_lm
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
-from lowprec.models.transformer import TransformerConfig
 from lowprec.numerics import qdot
 from lowprec.numerics import tree_paths
 from lowprec.numerics import recipes as recipes_lib
@@ -41,33 +41,12 @@ RECIPE_OPTIONS = ("dge", "static_clip", "dynamic_clip", "macro_block")
 
 
 @dataclasses.dataclass(frozen=True)
-class AltoConfig(lm_trainer.LMConfig):
-  """An ALTO run: the LM run's fields plus the MoE shape, recipe options and OsciReset."""
+class AltoConfig(moe_lm.MoELMConfig):
+  """An ALTO run: the small MoE LM's fields plus the recipe options and OsciReset."""
 
   recipe: str = config_field(
       "mxfp4", "Base recipe of the projections and expert GEMMs: bf16, or one of "
       "numerics.recipes.names() (mxfp4_1d2d; mxfp4_rht = + RHT; mxfp4 = + RHT + SR; nvfp4).")
-  seq_len: int = config_field(64, "Tokens per training window.", domain="[1, inf)")
-  d_model: int = config_field(128, "Model width.", domain="[1, inf)")
-  num_layers: int = config_field(2, "Transformer blocks (each with an MoE feed-forward).",
-                                 domain="[1, inf)")
-  d_ff: int = config_field(128, "Hidden width of each expert.", domain="[1, inf)")
-  num_steps: int = config_field(600, "Training steps.", domain="[1, inf)")
-  learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
-  warmup_steps: int = config_field(50, "Linear warmup steps, then cosine decay to 10%.",
-                                   domain="[0, inf)")
-  eval_every: int = config_field(50, "Evaluate on validation every N steps (and at the end).",
-                                 domain="[0, inf)")
-  histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.",
-                                      domain="[0, inf)")
-  num_experts: int = config_field(8, "Experts per MoE feed-forward (0: a dense feed-forward "
-                                  "of width d_ff, the dense control of a derived study).",
-                                  domain="[0, inf)")
-  experts_per_token: int = config_field(2, "Top-k experts per token.", domain="[1, inf)")
-  moe_capacity_factor: float = config_field(1.25, "Expert slots = factor * tokens * k / E.",
-                                            domain="(0, inf)")
-  moe_balance_coef: float = config_field(0.01, "Weight of the load-balancing loss.",
-                                         domain="[0, inf)")
   recipe_options: str = config_field(
       "", "Comma-separated recipe options: " + ", ".join(RECIPE_OPTIONS) + " (ALTO's "
       "negative results; '' for none).")
@@ -117,13 +96,6 @@ class AltoConfig(lm_trainer.LMConfig):
     if "macro_block" in options:
       recipe = recipes_lib.with_macro_blocks(recipe, self.macro_block)
     return recipe
-
-  def transformer_config(self, vocab_size: int) -> TransformerConfig:
-    return dataclasses.replace(
-        super().transformer_config(vocab_size), num_experts=self.num_experts,
-        experts_per_token=self.experts_per_token,
-        moe_capacity_factor=self.moe_capacity_factor,
-        moe_balance_coef=self.moe_balance_coef)
 
   def model_recipe(self) -> recipes_lib.Recipe:
     return self.build_recipe()

@@ -165,10 +165,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
 
   The model, recipe and optimizer come from the config's hooks, so a derived config
-  (:class:`experiments.alto.AltoConfig`) reuses this trainer. Losses the model sows
-  (the MoE balance loss) are added to the training loss, summed over layers, and logged
-  per name as ``sown/<name>`` (mean over layers), with sown metrics (``moe_dropped``);
-  validation loss is the next-token loss alone.
+  (:class:`experiments.common.moe_lm.MoELMConfig` and the papers' configs) reuses this
+  trainer. Losses the model sows (the MoE balance loss) are added to the training loss,
+  summed over layers, and logged per name as ``sown/<name>`` (mean over layers), with
+  sown metrics (``moe_dropped``); validation loss is the next-token loss alone.
   Safe to call repeatedly in one process (tests); multi-process setup happens once.
   """
   distributed.initialize(options.coordinator_address, options.num_processes,

@@ -6,7 +6,7 @@
     python -m experiments.optimizer_state --num_experts=0          # the dense LM
 
 The model is ALTO's small mixture-of-experts char-LM on Shakespeare
-(:class:`experiments.alto.AltoConfig`; ``--num_experts=0`` makes every feed-forward
+(:class:`experiments.common.moe_lm.MoELMConfig`; ``--num_experts=0`` makes every feed-forward
 dense), trained in bf16 (the projections' and expert GEMMs' recipe) with the LM's
 AdamW schedule, except that AdamW is
 :func:`numerics.optim.quantized_adam.quantized_adamw`: both moments are stored in
@@ -43,10 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.alto import experiment as alto
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
 from experiments.common import lm_trainer
+from experiments.common import moe_lm
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs
 from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
@@ -60,8 +60,8 @@ _MOMENT_KEY_OFFSET = 0x0AD4
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerStateConfig(alto.AltoConfig):
-  """An ALTO-model run whose AdamW moments are stored in ``moment_format``."""
+class OptimizerStateConfig(moe_lm.MoELMConfig):
+  """An MoE LM run (ALTO's model) whose AdamW moments are stored in ``moment_format``."""
 
   recipe: str = config_field(
       "bf16", "Recipe of the projections and expert GEMMs (bf16: the unquantized "
