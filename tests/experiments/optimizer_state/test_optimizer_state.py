@@ -92,6 +92,15 @@ def test_config_validation():
     ostate.state_metrics(optax.EmptyState())
 
 
+def test_alto_only_options_are_not_flags_of_this_study():
+  """Before: the config inherited ALTO's, so --deoscillation was accepted and ignored
+  (this study's optimizer never applied it)."""
+  for name in ("deoscillation", "recipe_options", "dge_k", "macro_block"):
+    assert name not in {f.name for f in dataclasses.fields(ostate.OptimizerStateConfig)}
+  with pytest.raises(TypeError, match="deoscillation"):
+    ostate.OptimizerStateConfig(deoscillation=True)  # pylint: disable=unexpected-keyword-arg
+
+
 def test_sweep_declaration_expands_without_calibration_seeds(tmp_path):
   sweep = registry.get("optimizer_state")
   runs = expand(sweep, str(tmp_path))
