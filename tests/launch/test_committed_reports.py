@@ -28,7 +28,8 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "looped_rl/report", "kv_cache/report", "optimizer_state/report", "qlora/report",
            "stale_sampler/report", "mxfp8_rl/report", "mxfp8_rl/report_faults",
            "temperon/report", "temperon/report_confirm", "memoir/report",
-           "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm")
+           "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
+           "stale_sampler/report_confirm")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
