@@ -23,7 +23,7 @@
   ``models.quantize_model`` applies to the experiments' models, and the single-GEMM
   ``dot_general`` of tools such as the weight inspector.
 - ``weight_inspection``: weight histograms and per-kernel quantization error.
-- ``shakespeare``, ``digits``, ``synthetic_tasks``, ``arithmetic_task``: offline data
+- ``shakespeare``, ``digits``, ``arithmetic_task``: offline data
   (``optional_imports`` names the package to install when one is missing);
   ``params_cache``: trained bases shared by runs; ``repo_paths``: the repository root.
 """

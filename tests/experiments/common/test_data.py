@@ -1,14 +1,13 @@
-"""Data loaders: shipped Shakespeare, sklearn digits, synthetic tasks."""
+"""Data loaders: shipped Shakespeare, sklearn digits."""
 
 import gzip
 import hashlib
-import json
 import os
 
 import numpy as np
 import pytest
 
-from experiments.common import digits, shakespeare, synthetic_tasks
+from experiments.common import digits, shakespeare
 
 # Recorded by experiments/data/make_shakespeare.py; see experiments/data/README.md.
 TEXT_SHA256 = "b3b8e7fa68c8e0239830de97c1b0be22ad3991eb2169c1f57aa5eb5cb9bd8f14"
@@ -84,17 +83,3 @@ def test_missing_package_message():
   from experiments.common.optional_imports import require
   with pytest.raises(ImportError, match="pip install not-a-real-pkg"):
     require("not_a_real_module_xyz", "not-a-real-pkg", "a test")
-
-
-def test_synthetic_tasks():
-  a = synthetic_tasks.linear_regression_batch(seed=0, position=1, batch_size=5, dim=3)
-  b = synthetic_tasks.linear_regression_batch(seed=0, position=2, batch_size=5, dim=3)
-  # same w* across positions: the exact solution fits both batches
-  x = np.concatenate([a["x"], b["x"]]); y = np.concatenate([a["y"], b["y"]])
-  w, res, *_ = np.linalg.lstsq(x, y, rcond=None)
-  np.testing.assert_allclose(x @ w, y, atol=1e-4)
-  c = synthetic_tasks.copy_task_batch(seed=0, position=0, batch_size=2, length=4, vocab_size=5)
-  assert c["inputs"].shape == (2, 8)
-  np.testing.assert_array_equal(c["inputs"][:, 4], 0)  # separator
-  np.testing.assert_array_equal(c["targets"][:, 4:], c["inputs"][:, :4])
-  assert c["mask"][:, 4:].all() and not c["mask"][:, :4].any()
