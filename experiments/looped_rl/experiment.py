@@ -65,6 +65,7 @@ from lowprec.models import looped, quantization
 from lowprec.models.transformer import TransformerConfig
 from lowprec.numerics import kv_quant
 from lowprec.numerics.rl import advantages as advantages_lib
+from lowprec.numerics.rl import importance
 from lowprec.numerics.rl import policy_loss
 from lowprec.numerics.rl.mismatch import mismatch_kl
 
@@ -225,7 +226,8 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
   def loss_fn(p, tokens, depth, behaviour, adv, mask, rollout_key):
     used, replay, dense = learner_log_probs(config, model, p, tokens, depth, rollout_key)
     loss, metrics = policy_loss.grpo_loss(
-        used, behaviour, adv, mask, is_method="none", clip_eps=config.clip_eps,
+        used, behaviour, adv, mask, correction=importance.NoCorrection(),
+        clip_eps=config.clip_eps,
         normalization="token")
     log_ratio = jnp.where(mask > 0, jax.lax.stop_gradient(used) - behaviour, 0.0)
     dense_mm = mismatch_kl(dense, behaviour, mask)

@@ -5,9 +5,10 @@ tokens and recorded their log-probs; the *learner* computes the loss. All per-to
 arrays are ``[B, T]`` float32 with a ``mask`` ``[B, T]`` (1 = completion token that counts).
 
     advantages.group_advantages(rewards, group_size)       # GRPO advantages
-    importance.importance_weights(method, log_ratio, mask)  # TIS / MIS / IcePop weights
+    importance.TokenTIS(cap=2.0).weights(log_ratio, mask)   # TIS / MIS / IcePop weights
     importance.is_statistics(w, mask)                       # mean, ESS, clip/drop fractions
-    policy_loss.grpo_loss(learner_logp, behaviour_logp, adv, mask, ...)
+    policy_loss.grpo_loss(learner_logp, behaviour_logp, adv, mask,
+                          correction=importance.TokenTIS(2.0), ...)
     mismatch.mismatch_kl(learner_logp, behaviour_logp, mask)
     sampler_copy.maybe_refresh(copy, learner_params, step, interval, export)
 

@@ -16,11 +16,17 @@ and ``rho_t = exp(lr_t)``. Every weight here is a constant coefficient (stop-gra
 computed in log space, so no ``exp`` overflows. Masked/IcePop methods also return a
 ``keep`` mask: rejected tokens must leave the loss *denominator* too (slime PR #657),
 which :func:`numerics.rl.policy_loss.grpo_loss` does.
+
+Each method is a frozen dataclass holding the numbers it reads (:class:`NoCorrection`,
+:class:`TokenTIS`, :class:`SequenceTIS`, :class:`MaskedIS`, :class:`IcePop`; the union
+is :data:`Correction`), whose ``weights(log_ratio, mask)`` gives the
+:class:`ISWeights`. :func:`correction` resolves a configuration's method name once.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -158,10 +164,123 @@ def icepop_weights(log_ratio: jax.Array, lo: float = 0.5, hi: float = 5.0
   return ratio * keep, keep
 
 
+@dataclasses.dataclass(frozen=True)
+class NoCorrection:
+  """No importance weight: ``w = 1`` for every token."""
+
+  method: ClassVar[str] = "none"
+
+  def weights(self, log_ratio: jax.Array, mask: jax.Array) -> ISWeights:
+    """:class:`ISWeights` of ``[B, T]`` ``log_ratio`` and ``mask`` (all ones here)."""
+    lr = as_tokens(log_ratio, "log_ratio")
+    as_mask(mask, lr.shape)
+    ones = jnp.ones_like(lr)
+    return ISWeights(ones, ones, jnp.zeros_like(lr))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTIS:
+  """Token-level truncated IS, ``w_t = min(rho_t, cap)`` (Yao et al. 2025, C = 2)."""
+
+  cap: float = 2.0
+  method: ClassVar[str] = "token_tis"
+
+  def __post_init__(self):
+    _check_positive("cap", self.cap)
+
+  def weights(self, log_ratio: jax.Array, mask: jax.Array) -> ISWeights:
+    """:class:`ISWeights`; ``clipped`` marks the tokens whose ratio exceeded ``cap``."""
+    lr = jax.lax.stop_gradient(as_tokens(log_ratio, "log_ratio"))
+    as_mask(mask, lr.shape)
+    hit = lr > jnp.log(jnp.asarray(self.cap, jnp.float32))
+    return ISWeights(token_tis_weights(lr, self.cap), jnp.ones_like(lr),
+                     hit.astype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceTIS:
+  """Sequence-level truncated IS, one weight per row (:func:`sequence_tis_weights`)."""
+
+  cap: float = 2.0
+  method: ClassVar[str] = "sequence_tis"
+
+  def __post_init__(self):
+    _check_positive("cap", self.cap)
+
+  def weights(self, log_ratio: jax.Array, mask: jax.Array) -> ISWeights:
+    """:class:`ISWeights`; ``clipped`` marks every token of a row whose ratio was capped."""
+    lr = jax.lax.stop_gradient(as_tokens(log_ratio, "log_ratio"))
+    m = as_mask(mask, lr.shape)
+    hit = _sequence_sum(lr, m) > jnp.log(jnp.asarray(self.cap, jnp.float32))
+    return ISWeights(sequence_tis_weights(lr, m, self.cap), jnp.ones_like(lr),
+                     jnp.broadcast_to(hit, lr.shape).astype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedIS:
+  """Masked IS (Liu et al.): keep tokens (``level="token"``) or rows (``"sequence"``)
+  whose ratio lies in ``[lo, hi]`` (:func:`masked_is_weights`)."""
+
+  lo: float = 0.5
+  hi: float = 2.0
+  level: str = "token"
+  method: ClassVar[str] = "masked_is"
+
+  def __post_init__(self):
+    if self.level not in LEVELS:
+      raise ValueError(f"unknown masked-IS level {self.level!r}; expected one of {LEVELS}")
+    _check_bounds(self.lo, self.hi)
+
+  def weights(self, log_ratio: jax.Array, mask: jax.Array) -> ISWeights:
+    """:class:`ISWeights`; ``keep`` is 0 on the rejected tokens."""
+    lr = as_tokens(log_ratio, "log_ratio")
+    w, keep = masked_is_weights(lr, mask, self.lo, self.hi, self.level)
+    return ISWeights(w, keep, jnp.zeros_like(lr))
+
+
+@dataclasses.dataclass(frozen=True)
+class IcePop:
+  """IcePop (Ring-1T): ``w_t = rho_t`` inside ``[lo, hi]``, dropped outside
+  (:func:`icepop_weights`)."""
+
+  lo: float = 0.5
+  hi: float = 5.0
+  method: ClassVar[str] = "icepop"
+
+  def __post_init__(self):
+    _check_bounds(self.lo, self.hi)
+
+  def weights(self, log_ratio: jax.Array, mask: jax.Array) -> ISWeights:
+    """:class:`ISWeights`; ``keep`` is 0 on the rejected tokens."""
+    lr = as_tokens(log_ratio, "log_ratio")
+    as_mask(mask, lr.shape)
+    w, keep = icepop_weights(lr, self.lo, self.hi)
+    return ISWeights(w, keep, jnp.zeros_like(lr))
+
+
+Correction = NoCorrection | TokenTIS | SequenceTIS | MaskedIS | IcePop
+_CORRECTIONS = {c.method: c for c in (NoCorrection, TokenTIS, SequenceTIS, MaskedIS, IcePop)}
+CORRECTION_NAMES = tuple(c.__name__ for c in _CORRECTIONS.values())
+
+
+def correction(method: str, *, cap: float = 2.0, lo: float = 0.5, hi: float = 2.0,
+               level: str = "token") -> Correction:
+  """The :data:`Correction` named ``method`` (one of ``METHODS``), built from the numbers
+  it reads: ``cap`` (the TIS methods), ``lo``, ``hi`` (masked IS and IcePop) and
+  ``level`` (masked IS); the others are not read. For resolving a configuration's
+  method name and numbers once; code below that passes the object."""
+  if method not in METHODS:
+    raise ValueError(f"unknown IS method {method!r}; expected one of {METHODS}")
+  cls = _CORRECTIONS[method]
+  numbers = {"cap": cap, "lo": lo, "hi": hi, "level": level}
+  return cls(**{f.name: numbers[f.name] for f in dataclasses.fields(cls)})
+
+
 def importance_weights(method: str, log_ratio: jax.Array, mask: jax.Array, *,
                        cap: float = 2.0, lo: float = 0.5, hi: float = 2.0,
                        level: str = "token") -> ISWeights:
-  """Dispatch to one IS method; returns :class:`ISWeights` (``[B, T]`` float32 each).
+  """``correction(method, ...).weights(log_ratio, mask)``: :class:`ISWeights` (``[B, T]``
+  float32 each) of one IS method named by a string.
 
   Args:
     method: one of ``METHODS`` (static): 'none' (w = 1), 'token_tis', 'sequence_tis'
@@ -172,25 +291,7 @@ def importance_weights(method: str, log_ratio: jax.Array, mask: jax.Array, *,
     lo, hi: the kept band of ratios for masked IS / IcePop (0 < lo <= hi).
     level: 'token' or 'sequence', masked IS only.
   """
-  if method not in METHODS:
-    raise ValueError(f"unknown IS method {method!r}; expected one of {METHODS}")
-  lr = jax.lax.stop_gradient(as_tokens(log_ratio, "log_ratio"))
-  m = as_mask(mask, lr.shape)
-  ones, zeros = jnp.ones_like(lr), jnp.zeros_like(lr)
-  if method == "none":
-    return ISWeights(ones, ones, zeros)
-  if method == "token_tis":
-    w = token_tis_weights(lr, cap)
-    return ISWeights(w, ones, (lr > jnp.log(jnp.asarray(cap, jnp.float32))).astype(jnp.float32))
-  if method == "sequence_tis":
-    w = sequence_tis_weights(lr, m, cap)
-    hit = _sequence_sum(lr, m) > jnp.log(jnp.asarray(cap, jnp.float32))
-    return ISWeights(w, ones, jnp.broadcast_to(hit, lr.shape).astype(jnp.float32))
-  if method == "masked_is":
-    w, keep = masked_is_weights(lr, m, lo, hi, level)
-  else:
-    w, keep = icepop_weights(lr, lo, hi)
-  return ISWeights(w, keep, zeros)
+  return correction(method, cap=cap, lo=lo, hi=hi, level=level).weights(log_ratio, mask)
 
 
 def is_statistics(weights, mask: jax.Array) -> dict[str, jax.Array]:

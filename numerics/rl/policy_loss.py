@@ -22,7 +22,7 @@ Which ``p`` (one convention, following the TIS and AReaL equations in papers.md:
   gradient is Yao et al.'s TIS estimator ``min(pi/mu, C) A grad log pi``. (Taking
   ``p = b`` here would apply the sampler correction twice: once as ``r = pi/mu``, once
   as ``w``.) Identical to passing ``proximal_logp=stop_gradient(learner_logp)``.
-* ``proximal_logp=None`` and ``is_method='none'``: ``p = b``, standard PPO/GRPO with
+* ``proximal_logp=None`` and ``NoCorrection()``: ``p = b``, standard PPO/GRPO with
   the ratio taken against the sampler's recorded log-probs (the ratio ``pi/mu`` is then
   the only, clipped, correction). ``w = 1``.
 """
@@ -124,10 +124,33 @@ def k3_kl(learner_logp: jax.Array, reference_logp: jax.Array) -> jax.Array:
   return jnp.exp(d) - d - 1.0
 
 
+def _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level
+                        ) -> importance.Correction:
+  """The correction ``grpo_loss`` applies: ``correction``, or one built from the older
+  string arguments (defaults: token TIS with C = 2, the band [0.5, 2], token level)."""
+  old = {"is_method": is_method, "is_cap": is_cap, "is_lo": is_lo, "is_hi": is_hi,
+         "is_level": is_level}
+  given = sorted(k for k, v in old.items() if v is not None)
+  if correction is not None:
+    if given:
+      raise ValueError(f"grpo_loss: give the correction as correction= or as {given}, "
+                       f"not both")
+    if not isinstance(correction, importance.Correction):
+      raise TypeError(f"grpo_loss: correction must be a numerics.rl.importance "
+                      f"correction ({', '.join(importance.CORRECTION_NAMES)}), got "
+                      f"{correction!r}")
+    return correction
+  return importance.correction(
+      "token_tis" if is_method is None else is_method,
+      cap=2.0 if is_cap is None else is_cap, lo=0.5 if is_lo is None else is_lo,
+      hi=2.0 if is_hi is None else is_hi, level="token" if is_level is None else is_level)
+
+
 def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: jax.Array,
-              mask: jax.Array, *, is_method: str = "token_tis", is_cap: float = 2.0,
-              is_lo: float = 0.5, is_hi: float = 2.0, is_level: str = "token",
-              clip_eps: float = 0.2, clip_eps_high: float | None = None,
+              mask: jax.Array, *, correction: importance.Correction | None = None,
+              is_method: str | None = None, is_cap: float | None = None,
+              is_lo: float | None = None, is_hi: float | None = None,
+              is_level: str | None = None, clip_eps: float = 0.2, clip_eps_high: float | None = None,
               normalization: str = "token", norm_constant: float | None = None,
               proximal_logp: jax.Array | None = None, kl_coef: float = 0.0,
               reference_logp: jax.Array | None = None
@@ -141,8 +164,12 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
       precision; e.g. Pan's decoupled cooling records ``log mu_0.8``).
     advantages: ``[B]`` per sequence or ``[B, T]``.
     mask: ``[B, T]`` bool/float, 1 for completion tokens that count.
-    is_method: one of :data:`numerics.rl.importance.METHODS`; ``is_cap`` is the TIS C,
-      ``is_lo``/``is_hi`` the masked-IS/IcePop band, ``is_level`` masked IS's level.
+    correction: the importance-sampling correction, a
+      :data:`numerics.rl.importance.Correction` (``TokenTIS(cap=2.0)``, the default;
+      ``NoCorrection()``, ``SequenceTIS``, ``MaskedIS``, ``IcePop``).
+    is_method, is_cap, is_lo, is_hi, is_level: the older spelling of ``correction``
+      (a method name and its numbers, :func:`numerics.rl.importance.correction`; kept
+      for one release): giving them with ``correction`` raises.
     clip_eps, clip_eps_high: PPO clip range ``[1 - clip_eps, 1 + clip_eps_high]``.
     normalization, norm_constant: see :func:`normalize_loss`.
     proximal_logp: ``[B, T]`` learner old log-probs for decoupled PPO, or None.
@@ -153,8 +180,7 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
   dropped_frac} from :func:`numerics.rl.importance.is_statistics`, and
   mismatch_{k1,k3,max_abs_delta_logp} between the learner and the sampler.
   """
-  if is_method not in importance.METHODS:
-    raise ValueError(f"unknown IS method {is_method!r}; expected one of {importance.METHODS}")
+  corr = _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level)
   if normalization not in NORMALIZATIONS:
     raise ValueError(f"unknown loss normalization {normalization!r}; "
                      f"expected one of {NORMALIZATIONS}")
@@ -168,13 +194,12 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
 
   if proximal_logp is not None:
     p = jax.lax.stop_gradient(importance.as_tokens(proximal_logp, "proximal_logp", l.shape))
-  elif is_method == "none":
+  elif isinstance(corr, importance.NoCorrection):
     p = b
   else:
     p = jax.lax.stop_gradient(l)
 
-  isw = importance.importance_weights(is_method, importance.log_ratio(p, b), m, cap=is_cap,
-                                      lo=is_lo, hi=is_hi, level=is_level)
+  isw = corr.weights(importance.log_ratio(p, b), m)
   counted = m * isw.keep
   pg = isw.weights * ppo_clip_objective(l, p, a, clip_eps, clip_eps_high)
   per_token = pg

@@ -115,6 +115,7 @@ class RLConfig:
     if self.warm_start_per_seed and self.pretrain_seed != 0:
       raise ValueError(f"pretrain_seed={self.pretrain_seed} conflicts with "
                        "warm_start_per_seed=True (the warm start's seed is the run's seed)")
+    self.correction()  # an unknown method or out-of-range numbers fail here
     if self.is_method != "none" and self.ratio_against == "sampler":
       raise ValueError("an IS weight with the ratio against the sampler corrects twice; "
                        "use ratio_against='learner'")
@@ -122,6 +123,11 @@ class RLConfig:
                                  self.sampler_top_k, self.sampler_top_p)
 
   @property
+  def correction(self) -> importance.Correction:
+    """The importance-sampling correction ``is_method`` names, with its numbers."""
+    return importance.correction(self.is_method, cap=self.is_cap, lo=self.is_lo,
+                                 hi=self.is_hi)
+
   def warm_start_seed(self) -> int:
     """The seed of the warm start and of its held-out evaluation problems."""
     return self.seed if self.warm_start_per_seed else self.pretrain_seed

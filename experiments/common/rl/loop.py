@@ -95,6 +95,7 @@ def learner_step_fns(config: RLConfig, apply: Callable[..., Any],
   :mod:`experiments.fair_cast.bench_export` times).
   """
   prompt_len = task.prompt_length(config.digits)
+  correction = config.correction()
 
   def loss_fn(p, tokens, behaviour_logp, adv, mask, served):
     learner_logp = sampling.sequence_log_probs(apply, config.loss_params(p, served),
@@ -102,8 +103,7 @@ def learner_step_fns(config: RLConfig, apply: Callable[..., Any],
     proximal = (jax.lax.stop_gradient(learner_logp) if config.ratio_against == "learner"
                 else None)
     return policy_loss.grpo_loss(
-        learner_logp, behaviour_logp, adv, mask, is_method=config.is_method,
-        is_cap=config.is_cap, is_lo=config.is_lo, is_hi=config.is_hi,
+        learner_logp, behaviour_logp, adv, mask, correction=correction,
         clip_eps=config.clip_eps, normalization=config.normalization,
         norm_constant=float(mask.size), proximal_logp=proximal)
 

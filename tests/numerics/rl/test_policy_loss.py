@@ -203,3 +203,43 @@ def test_validation():
     pl.grpo_loss(l, b, jnp.zeros(3), mask)
   with pytest.raises(ValueError, match="behaviour_logp shape"):
     pl.grpo_loss(l, b[:, :2], adv, mask)
+
+
+def test_typed_corrections_against_hand_values():
+  """The correction objects give the weights written out by hand (token TIS with C = 2
+  and the sampler ratio of NoCorrection), the same as the older string spelling."""
+  l, b, mask, adv = _setup()
+  w = np.minimum(E(np.array([[0.5, 0.0, -1.1], [0.0, 0.8, -0.5]])), 2.0)
+  a = np.array([[1.0] * 3, [-0.5] * 3])
+  m = np.asarray(mask)
+  loss, _ = pl.grpo_loss(l, b, adv, mask, correction=importance.TokenTIS(cap=2.0))
+  np.testing.assert_allclose(loss, np.sum(-w * a * m) / 5, rtol=1e-6)
+  r = E(np.asarray(l - b))
+  ppo = -np.minimum(r * a, np.clip(r, 0.8, 1.2) * a)
+  loss, _ = pl.grpo_loss(l, b, adv, mask, correction=importance.NoCorrection())
+  np.testing.assert_allclose(loss, np.sum(ppo * m) / 5, rtol=1e-6)
+  for method, obj in (("sequence_tis", importance.SequenceTIS(cap=1.5)),
+                      ("masked_is", importance.MaskedIS(lo=0.5, hi=1.5, level="sequence")),
+                      ("icepop", importance.IcePop(lo=0.5, hi=1.5))):
+    old = pl.grpo_loss(l, b, adv, mask, is_method=method, is_cap=1.5, is_hi=1.5,
+                       is_level="sequence" if method == "masked_is" else None)
+    new = pl.grpo_loss(l, b, adv, mask, correction=obj)
+    chex.assert_trees_all_equal(old, new)
+    assert importance.correction(method, cap=1.5, hi=1.5,
+                                 level="sequence") == obj
+
+
+def test_correction_arguments_are_checked():
+  l, b, mask, adv = _setup()
+  with pytest.raises(ValueError, match="not both"):
+    pl.grpo_loss(l, b, adv, mask, correction=importance.TokenTIS(), is_cap=3.0)
+  with pytest.raises(TypeError, match="token_tis"):
+    pl.grpo_loss(l, b, adv, mask, correction="token_tis")
+  with pytest.raises(ValueError, match="level"):
+    importance.MaskedIS(level="row")
+  with pytest.raises(ValueError, match="cap"):
+    importance.TokenTIS(cap=0.0)
+  with pytest.raises(ValueError, match="lo <= hi"):
+    importance.IcePop(lo=2.0, hi=1.0)
+  with pytest.raises(ValueError, match="unknown IS method"):
+    importance.correction("tis")
