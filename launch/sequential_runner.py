@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 from experiments.common.sequential import (ClaimOutcome, SequentialPlan, arms_needed,
-                                           sweep_outcomes)
+                                           interval_cell, sweep_outcomes)
 from experiments.common.sweep_data import evaluation_metrics, read_sweep_results
 from experiments.common.sweep_spec import Sweep
 from launch.manifest import RunSpec
@@ -197,31 +196,15 @@ def run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
 
 # ---- The report's claims table -------------------------------------------------------
 
-def _fmt(x: float, digits: int = 4) -> str:
-  return f"{x:.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
-
-
 def _percent(level: float) -> str:
   return f"{100 * level:g}%"
 
 
-def _interval_cell(claim: dict[str, Any], outcome: ClaimOutcome, plan: SequentialPlan,
-                   higher_is_better: bool) -> str:
-  last = outcome.last
-  if last is None:
+def _interval(claim: dict[str, Any], outcome: ClaimOutcome, plan: SequentialPlan,
+              higher_is_better: bool) -> str:
+  if outcome.last is None:
     return "n/a (fewer than 2 paired seeds)"
-  cell = (f"{_fmt(last.mean)} [{_fmt(last.ci[0])}, {_fmt(last.ci[1])}] (repeated "
-          f"{_percent(1 - plan.alpha)}, c = {last.two_sided:.2f}), n = {last.n}, arm better "
-          f"on {last.arm_better}/{last.n}")
-  if claim["kind"] == "equivalent":
-    cell += (f"; margin ±{claim['margin']:g}: repeated {_percent(1 - 2 * plan.alpha)} "
-             f"[{_fmt(last.inner[0])}, {_fmt(last.inner[1])}] (c = {last.one_sided:.2f})")
-  elif claim["kind"] == "not_better":
-    bound = last.inner[1] if higher_is_better else -last.inner[0]
-    cell += (f"; non-superiority margin {claim['margin']:g}: repeated one-sided "
-             f"{_percent(1 - plan.alpha)} bound on the gain {_fmt(bound)} "
-             f"(c = {last.one_sided:.2f})")
-  return cell
+  return interval_cell(claim, outcome.last, plan, higher_is_better, constants=True)
 
 
 def _unnamed_arms(info: dict[str, Any], claims: Sequence[dict[str, Any]]) -> str:
@@ -289,7 +272,7 @@ def claims_table(sweep_dir: str, info: dict[str, Any],
     seeds = _seed_list(o.last.seeds) if o.last else "—"
     lines.append(f"| {i}. {c['text']}{source} | `{c['arm']}` {c['kind']} than/as "
                  f"`{c['baseline']}` on `{c['metric']}` | "
-                 f"{_interval_cell(c, o, plan, c['metric'] in higher)} | {look} | {seeds} | "
+                 f"{_interval(c, o, plan, c['metric'] in higher)} | {look} | {seeds} | "
                  f"**{o.verdict}** |")
   lines.append("")
   if records:

@@ -24,7 +24,8 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 from experiments.common.repo_paths import REPO_DIR
-from experiments.common.sequential import ClaimOutcome, SequentialPlan, claim_outcome
+from experiments.common.sequential import (ClaimOutcome, SequentialPlan, claim_outcome,
+                                           interval_cell)
 from experiments.common.stats import decide_claim
 from experiments.common.sweep_data import (evaluation_metrics, read_manifest,
                                            read_sweep_info, run_dir)
@@ -122,19 +123,9 @@ def confirmatory_outcomes(sweep_dir: str) -> list[ClaimOutcome]:
 
 def _repeated_cell(claim: Mapping[str, Any], outcome: ClaimOutcome, plan: SequentialPlan,
                    higher: bool) -> str:
-  last = outcome.last
-  if last is None:
+  if outcome.last is None:
     return "no paired seeds yet"
-  cell = (f"{_fmt(last.mean)} [{_fmt(last.ci[0])}, {_fmt(last.ci[1])}] (repeated "
-          f"{100 * (1 - plan.alpha):g}%), n = {last.n}, arm better on {last.arm_better}/"
-          f"{last.n}")
-  if claim["kind"] == "equivalent":
-    cell += (f"; repeated {100 * (1 - 2 * plan.alpha):g}% [{_fmt(last.inner[0])}, "
-             f"{_fmt(last.inner[1])}]")
-  elif claim["kind"] == "not_better":
-    bound = last.inner[1] if higher else -last.inner[0]
-    cell += f"; repeated one-sided bound on the gain {_fmt(bound)}"
-  return cell
+  return interval_cell(claim, outcome.last, plan, higher, constants=False)
 
 
 def _decided(verdict: str) -> bool:

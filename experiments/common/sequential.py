@@ -326,6 +326,36 @@ class ClaimOutcome(NamedTuple):
     return self.history[-1] if self.history else None
 
 
+def _fmt(x: float) -> str:
+  return f"{x:.4f}" if math.isfinite(x) else "n/a"
+
+
+def interval_cell(claim: Mapping, look: ClaimLook, plan: SequentialPlan,
+                  higher_is_better: bool, *, constants: bool) -> str:
+  """Markdown: a claim's repeated interval at ``look``, ``mean [lo, hi] (repeated 95%),
+  n, arm better on a/n``, then the equivalence claims' inner interval or the
+  non-superiority claims' one-sided bound on the gain. ``constants``: the claims
+  table's form, with the critical values and the margin; else the side-by-side
+  table's shorter one."""
+  level, inner = f"{100 * (1 - plan.alpha):g}%", f"{100 * (1 - 2 * plan.alpha):g}%"
+  c = f", c = {look.two_sided:.2f}" if constants else ""
+  cell = (f"{_fmt(look.mean)} [{_fmt(look.ci[0])}, {_fmt(look.ci[1])}] (repeated "
+          f"{level}{c}), n = {look.n}, arm better on {look.arm_better}/{look.n}")
+  c = f" (c = {look.one_sided:.2f})" if constants else ""
+  if claim["kind"] == "equivalent":
+    margin = f"margin ±{claim['margin']:g}: " if constants else ""
+    cell += (f"; {margin}repeated {inner} [{_fmt(look.inner[0])}, "
+             f"{_fmt(look.inner[1])}]{c}")
+  elif claim["kind"] == "not_better":
+    bound = look.inner[1] if higher_is_better else -look.inner[0]
+    if constants:
+      cell += (f"; non-superiority margin {claim['margin']:g}: repeated one-sided "
+               f"{level} bound on the gain {_fmt(bound)}{c}")
+    else:
+      cell += f"; repeated one-sided bound on the gain {_fmt(bound)}"
+  return cell
+
+
 def claim_outcome(claim: Mapping, arm: Mapping[int, float], baseline: Mapping[int, float],
                   higher_is_better: bool, plan: SequentialPlan, seeds: Sequence[int],
                   looks_done: int) -> ClaimOutcome:
