@@ -122,12 +122,12 @@ class RLConfig:
     sampling.processed_log_probs(jnp.zeros(2), self.sampler_temperature,
                                  self.sampler_top_k, self.sampler_top_p)
 
-  @property
   def correction(self) -> importance.Correction:
     """The importance-sampling correction ``is_method`` names, with its numbers."""
     return importance.correction(self.is_method, cap=self.is_cap, lo=self.is_lo,
                                  hi=self.is_hi)
 
+  @property
   def warm_start_seed(self) -> int:
     """The seed of the warm start and of its held-out evaluation problems."""
     return self.seed if self.warm_start_per_seed else self.pretrain_seed
