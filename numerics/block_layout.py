@@ -303,6 +303,15 @@ def stochastic_words(key, xp, rounding, rng):
   return None
 
 
+def lazy_stochastic_words(key, xp, rounding, rng):
+  """Stochastic rounding's words as a function (None for other roundings): called
+  where they are used (e.g. inside ``lax.cond``'s branches), they fuse into the
+  rounding instead of being materialized."""
+  if rounding != "stochastic":
+    return None
+  return lambda: stochastic_words(key, xp, rounding, rng)
+
+
 def round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
   """Element values of magnitude bits ``a`` / 2^scale_exp, saturated, as f32 bits."""
   mag = rounding_lib.round_magnitude(a, fmt.man_bits, fmt.emin, rounding, words,

@@ -171,23 +171,15 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
 _MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
 
 
-def _lazy_words(xp, key, rounding, rng):
-  """Stochastic rounding's words as a function (None for other roundings): called
-  where they are used, they fuse into the rounding instead of being materialized."""
-  if rounding != "stochastic":
-    return None
-  return lambda: block_layout.stochastic_words(key, xp, rounding, rng)
-
-
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
 def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, rng):
   f = formats_lib.get(fmt)
 
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
-    out = mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding,
-                              _lazy_words(xp, key, rounding, rng), rand_bits,
-                              dequantize=True)
+    words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
+    out = mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits,
+                           dequantize=True)
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -223,9 +215,9 @@ def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, 
   def run(x, key):
     x = x.astype(jnp.float32)
     xp = block_layout.pad_blocks(x, axes, blocks, pad)
-    return mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding,
-                               _lazy_words(xp, key, rounding, rng), rand_bits,
-                               dequantize=False)
+    words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
+    return mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits,
+                            dequantize=False)
 
   return gradients_lib.not_differentiable(
       run, "quantize_mx", "quantize_dequantize_mx or fake_quant")(x, key)

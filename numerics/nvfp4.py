@@ -136,10 +136,7 @@ def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conventio
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
     if convention == "te":
-      # The words as a function: computed where they are used (inside lax.cond's
-      # branches), they fuse into the rounding instead of being materialized.
-      words = ((lambda: block_layout.stochastic_words(key, xp, rounding, rng))
-               if rounding == "stochastic" else None)
+      words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
       out = nvfp4_fast.nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
                                      rand_bits=rand_bits, dequantize=True,
                                      amax_axis_name=amax_axis_name)
