@@ -2,12 +2,15 @@
 
 :func:`nvfp4_te_fast` is what :func:`numerics.nvfp4.quantize_nvfp4` and its
 dequantizing forms run for the ``te`` convention, with any rounding: the block amaxes
-(with the tensor amax taken from them), then the elements. Its per-block values
-(``S_dec``, ``enc``) are materialized once per block (:func:`_materialize`), so
-``div_rn``'s ~140 integer ops are paid per block and per tensor, never per element: a
-few percent of the pass, which leaves no reason to branch to XLA:CPU's native division
-on that backend (correctly rounded for normal quotients, but it flushes subnormal
-ones, e.g. ``1/S_enc``). E2M1 rounding is done in float arithmetic
+(with the tensor amax taken from them), then the elements. The per-tensor scalars and
+the per-block values (``S_dec``, ``enc``) are materialized once (:func:`_materialize`),
+so XLA neither recomputes them per element nor copies the scalar chain into every
+fusion that reads it. ``S_dec`` is rounded onto E4M3 by float adds, and ``enc`` read
+from a 127-entry table (one per E4M3 value of ``S_dec``) that the exact integer chain
+(``mul_narrow``, ``div_rn_idiv``) forms once per tensor
+(:func:`te_block_scales_by_table`): there is no reason to branch to XLA:CPU's native
+division on that backend (correctly rounded for normal quotients, but it flushes
+subnormal ones, e.g. ``1/S_enc``). E2M1 rounding is done in float arithmetic
 (:func:`_e2m1_rne_magnitude`, :func:`_e2m1_sr_magnitude`) on operands that are never
 subnormal. The ``torchao`` convention and the Pallas kernels run the reference cores
 (:mod:`numerics.nvfp4_torchao`, :func:`numerics.nvfp4_te.nvfp4_quantize_core`); the
@@ -21,6 +24,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+import ml_dtypes
+
 from lowprec.numerics import block_layout
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import nvfp4_te
@@ -28,15 +33,20 @@ from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
 
 _U = np.uint32
+_FLT_MAX = np.float32(np.finfo(np.float32).max)
+# The float32 values of E4M3 codes 0..126, every finite S_dec >= 0.
+_E4M3_VALUES = np.arange(127, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(
+    np.float32)
 
 
 def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
-  """The same per-block float32 arrays (values >= +0, or NaN with the sign bit clear),
-  computed once.
+  """The same float32 arrays (values >= +0, or NaN with the sign bit clear), computed
+  once.
 
-  XLA fuses cheap per-block integer arithmetic (here: E4M3 rounding of the block
-  scale, the integer-emulated division of ``enc``) into the per-element loop that
-  broadcasts it, which recomputes it for every element (16-256x the work), and the CPU
+  XLA fuses cheap arithmetic into each consumer: per-block values into the
+  per-element loop that broadcasts them, which recomputes them for every element
+  (16-256x the work), and a scalar chain (the tensor scale's exact divisions, ~400
+  ops) into every fusion that reads it, which multiplies what is compiled; the CPU
   pipeline drops ``optimization_barrier`` before fusion. A reduction is never fused
   into its consumer, so each array is passed through a max-reduction with zero over a
   new axis of two, on the int32 bits (such floats order as their bits, NaN above every
@@ -48,6 +58,54 @@ def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
                    lambda x, y: tuple(jnp.maximum(a, b) for a, b in zip(x, y)),
                    (bits[0].ndim,))
   return tuple(lax.bitcast_convert_type(o, jnp.float32) for o in out)
+
+
+def _e4m3_rne_nonnegative(m: jax.Array) -> jax.Array:
+  """float32 E4M3 value nearest to float32 ``0 <= m <= 448``, ties to even, in float
+  arithmetic: ``(m + C) - C`` with ``C = 1.5 * 2^(e + 20)`` rounds ``m`` to a multiple
+  of ``2^(e - 3)`` (E4M3's quantum in ``m``'s binade ``2^e``, and ``2^-9`` below
+  ``2^-6``), the sum's ulp. Equal bit for bit to
+  :func:`numerics.rounding.round_f32` on E4M3 (tested against ml_dtypes' cast on
+  every float32 exponent in range with all patterns of the top 11 mantissa bits).
+  """
+  e_field = jnp.maximum(lax.bitcast_convert_type(m, jnp.uint32) >> 23, _U(127 - 6))
+  c = lax.bitcast_convert_type(((e_field + _U(20)) << 23) | _U(0x400000), jnp.float32)
+  return (m + c) - c
+
+
+def _magnitude_times(a: jax.Array, b: jax.Array) -> jax.Array:
+  """float32 ``|x| * b`` from the uint32 magnitude bits ``a`` of a finite ``x`` (``b >
+  0`` finite), also for a float32 subnormal ``|x|`` (XLA:CPU would read it as zero):
+  the bits of a subnormal are its value in units of 2^-149, so ``float(a) * 2^-125``
+  is ``|x| * 2^24`` exactly, and the product is scaled back by 2^-24. The same
+  product as :func:`numerics.nvfp4_te.mul_subnormal_lhs`, in fewer ops."""
+  sub = a < np.uint32(0x00800000)
+  up = jnp.where(sub, a.astype(jnp.float32) * np.float32(2.0 ** -125),
+                 lax.bitcast_convert_type(a, jnp.float32))
+  prod = up * b
+  return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
+
+
+def te_block_scales_by_table(block_amax: jax.Array, s_enc: jax.Array,
+                             inv_s_enc: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(E4M3-rounded ``S_dec``, element multiplier ``enc``) per block: the values of
+  :func:`numerics.nvfp4_te.te_block_scales`, bit for bit, with per-block work in
+  float arithmetic.
+
+  ``S_dec`` is rounded onto E4M3 by float adds (:func:`_e4m3_rne_nonnegative`), and
+  ``enc = min(1 / (S_dec * (1/S_enc)), FLT_MAX)``, which depends on the block only
+  through ``S_dec``'s code, is read from a table of its 127 values formed once per
+  tensor by the exact integer chain (:func:`numerics.rounding.mul_narrow`,
+  :func:`numerics.rounding.div_rn_idiv`): that chain, about 500 ops per block
+  before, now runs on 127 scalars, and compiles once instead of into the block loop.
+  """
+  s_dec = _e4m3_rne_nonnegative(jnp.minimum(_magnitude_times(
+      lax.bitcast_convert_type(block_amax, jnp.uint32), s_enc * np.float32(1.0 / 6.0)),
+      np.float32(448.0)))
+  table, = _materialize(jnp.minimum(rounding_lib.div_rn_idiv(
+      np.float32(1.0), rounding_lib.mul_narrow(_E4M3_VALUES, inv_s_enc)), _FLT_MAX))
+  code = nvfp4_te.encode_e4m3_nonnegative(s_dec)
+  return s_dec, jnp.take(table, code.astype(jnp.int32), mode="clip")
 
 
 # E2M1 round-to-nearest-even of a magnitude m >= 0 (saturating at 6) as float adds:
@@ -108,7 +166,7 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   :func:`numerics.nvfp4.quantize_dequantize_nvfp4`: one pass takes each block's amax
   (finite and not, in one variadic reduction), from which the tensor amax, ``S_enc``
   and each block's ``S_dec`` and ``enc`` follow
-  (:func:`numerics.nvfp4_te.te_block_scales`, materialized once per block by
+  (:func:`te_block_scales_by_table`, materialized once per block by
   :func:`_materialize`); the second works on ``x`` in its blocked shape (a per-block
   value is a plain broadcast there): it scales ``|x|`` by ``enc`` (a float32 subnormal
   ``x`` scaled up by 2^24 first, as :func:`numerics.nvfp4_te.mul_subnormal_lhs` does)
@@ -137,13 +195,14 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
     amax, finite_amax = (jnp.expand_dims(v, p) for v in (amax, finite_amax))
   t_amax_bits = block_layout.reduce_amax_bits(jnp.max(finite_amax, initial=np.int32(0)),
                                  amax_axis_name)
-  s_enc, inv_s_enc = nvfp4_te.tensor_scale_of_amax(
-      t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32))
+  # Materialized: XLA would otherwise copy this scalar chain (~400 ops) into every
+  # fusion that reads 1/S_enc, down to the consumers of a GEMM that applies it.
+  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(
+      t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32)))
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)
-  s_dec, enc = _materialize(*nvfp4_te.te_block_scales(block_amax, s_enc,
-                                                rounding_lib.div_rn_idiv))
+  s_dec, enc = _materialize(*te_block_scales_by_table(block_amax, s_enc, inv_s_enc))
   if dequantize is True:
     # x, not its bits, enters the branches: an operand of lax.cond is materialized.
     return nvfp4_te.tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(
@@ -174,14 +233,7 @@ def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
   words = None if words is None else _call(words)
   a = jnp.where(poisoned, np.uint32(0), xb & np.uint32(0x7FFFFFFF))
   sign = xb & np.uint32(0x80000000)
-  # |x| * enc, also for a float32 subnormal |x| (XLA:CPU would read it as zero): the
-  # bits of a subnormal are its value in units of 2^-149, so float(a) * 2^-125 is
-  # |x| * 2^24 exactly; the product is scaled back by 2^-24 (nvfp4_te.mul_subnormal_lhs).
-  sub = a < np.uint32(0x00800000)
-  up = jnp.where(sub, a.astype(jnp.float32) * np.float32(2.0 ** -125),
-                 lax.bitcast_convert_type(a, jnp.float32))
-  prod = up * enc
-  scaled = jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
+  scaled = _magnitude_times(a, enc)
   if rounding == "nearest":
     elem = _e2m1_rne_magnitude(scaled)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)

@@ -25,6 +25,7 @@ import pytest
 from lowprec import numerics
 from lowprec.numerics import blockscale
 from lowprec.numerics import nvfp4_fast
+from lowprec.numerics import nvfp4_te
 from lowprec.numerics import random_bits
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
@@ -300,3 +301,49 @@ def test_public_fused_path_equals_the_two_step_form_for_every_rounding(rounding,
     fused = blockscale.quantize_dequantize_nvfp4(x, **kw)
     two_step = numerics.dequantize(numerics.quantize_nvfp4(x, **kw))
     np.testing.assert_array_equal(_bits(fused), _bits(two_step))
+
+
+# ------------------------------------------- the block-scale chain in float arithmetic
+
+
+def test_e4m3_rounding_by_float_adds_equals_round_f32():
+  # Every float32 exponent up to 448's (float32 subnormals included) with every pattern
+  # of the top 11 mantissa bits (E4M3 keeps 3, the guard is the 4th) and low bits that
+  # make exact ties, just above and just below them; plus 448 and its neighbours.
+  e = np.arange(0, 136, dtype=np.uint32)[:, None, None] << 23
+  top = np.arange(2048, dtype=np.uint32)[None, :, None] << 12
+  low = np.array([0, 1, 0x7FF, 0x800, 0xFFF], np.uint32)[None, None, :]
+  bits = (e | top | low).ravel()
+  m = bits.view(np.float32)
+  m = np.concatenate([m[m <= 448.0], np.float32([448.0, np.nextafter(np.float32(448.0),
+                                                                     np.float32(0))])])
+  got = jax.jit(nvfp4_fast._e4m3_rne_nonnegative)(jnp.asarray(m))
+  # The independent reference: ml_dtypes' float32 -> E4M3 cast (round to nearest even).
+  # On CPU it reads float32 subnormals as themselves, which E4M3 rounds to 0 as well.
+  want = m.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+  np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _e4m3_grid_and_midpoints() -> np.ndarray:
+  v = np.arange(127, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  mid = (v[1:] + v[:-1]) / 2
+  pts = np.concatenate([v, mid, mid * (1 + 2.0 ** -20), mid * (1 - 2.0 ** -20),
+                        [500.0, 1e4]])
+  return np.sort(pts)
+
+
+@pytest.mark.parametrize("log2_gain", [-140, -130, -120, -100, 0, 100])
+def test_block_scales_by_table_equal_te_chain(log2_gain):
+  # Blocks of the special tensors, and block amaxes that put S_dec on every E4M3 value,
+  # on each midpoint and just either side of it, and above 448, under tensor scales
+  # whose 1/S_enc is subnormal, tiny or normal.
+  x = jnp.asarray(_special_tensor(5, (64, 64), log2_gain))
+  block_amax = nvfp4_te.finite_block_amax(x, (1,), (16,))[0]
+  s_enc, inv = blockscale.nvfp4_tensor_scale(x)
+  amaxes = _e4m3_grid_and_midpoints() * 6.0 / float(s_enc)
+  grid = jnp.asarray(amaxes[amaxes < np.finfo(np.float32).max].astype(np.float32))
+  for amax in (block_amax.ravel(), grid):
+    want = nvfp4_te.te_block_scales(amax, s_enc)
+    got = nvfp4_fast.te_block_scales_by_table(amax, s_enc, inv)
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(_bits(a), _bits(b))
