@@ -227,8 +227,7 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
     used, replay, dense = learner_log_probs(config, model, p, tokens, depth, rollout_key)
     loss, metrics = policy_loss.grpo_loss(
         used, behaviour, adv, mask, correction=importance.NoCorrection(),
-        clip_eps=config.clip_eps,
-        normalization="token")
+        clip_eps=config.clip_eps, normalization=policy_loss.TokenMean())
     log_ratio = jnp.where(mask > 0, jax.lax.stop_gradient(used) - behaviour, 0.0)
     dense_mm = mismatch_kl(dense, behaviour, mask)
     metrics.update(

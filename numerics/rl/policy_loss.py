@@ -29,13 +29,14 @@ Which ``p`` (one convention, following the TIS and AReaL equations in papers.md:
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
 from lowprec.numerics.rl import importance
 from lowprec.numerics.rl import mismatch
-
-NORMALIZATIONS = ("token", "sequence", "constant")
 
 
 def _token_advantages(advantages, shape) -> jax.Array:
@@ -85,35 +86,98 @@ def ppo_clipped_mask(learner_logp: jax.Array, proximal_logp: jax.Array,
   return jax.lax.stop_gradient(hit.astype(jnp.float32))
 
 
-def normalize_loss(per_token: jax.Array, mask: jax.Array, mode: str = "token",
-                   constant: float | None = None) -> jax.Array:
-  """Scalar float32 reduction of ``per_token`` ``[B, T]`` over ``mask``.
+@dataclasses.dataclass(frozen=True)
+class TokenMean:
+  """``sum(mask * x) / sum(mask)``: DAPO's token-level mean over the batch (0 for an
+  empty mask)."""
 
-  mode:
-    'token': ``sum(mask * x) / sum(mask)`` (DAPO token-level mean over the batch).
-    'sequence': mean over rows of the row's masked-token mean (original GRPO); rows with
-      no masked token are left out of the mean.
-    'constant': ``sum(mask * x) / constant`` (Dr. GRPO, e.g. ``constant = B * max_len``);
-      ``constant`` is required and > 0.
-  An empty mask gives 0 for 'token' and 'sequence'.
-  """
-  if mode not in NORMALIZATIONS:
-    raise ValueError(f"unknown loss normalization {mode!r}; expected one of {NORMALIZATIONS}")
-  x = importance.as_tokens(per_token, "per_token")
-  m = importance.as_mask(mask, x.shape)
-  masked = jnp.where(m > 0, x, 0.0)
-  if mode == "token":
-    return jnp.sum(masked) / jnp.maximum(jnp.sum(m), 1.0)
-  if mode == "sequence":
-    n_row = jnp.sum(m, axis=-1)
+  mode: ClassVar[str] = "token"
+
+  def reduce(self, masked: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scalar float32 of the masked ``[B, T]`` values ``masked`` (zeros off the mask)."""
+    return jnp.sum(masked) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceMean:
+  """The mean over rows of each row's masked-token mean (the original GRPO); rows with
+  no masked token are left out (0 for an empty mask)."""
+
+  mode: ClassVar[str] = "sequence"
+
+  def reduce(self, masked: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scalar float32 of the masked ``[B, T]`` values ``masked`` (zeros off the mask)."""
+    n_row = jnp.sum(mask, axis=-1)
     row_mean = jnp.sum(masked, axis=-1) / jnp.maximum(n_row, 1.0)
     has = (n_row > 0).astype(jnp.float32)
     return jnp.sum(row_mean * has) / jnp.maximum(jnp.sum(has), 1.0)
-  if constant is None:
-    raise ValueError("normalization='constant' needs a constant (e.g. batch * max_len)")
-  if importance._is_number(constant) and not constant > 0:
-    raise ValueError(f"constant must be > 0, got {constant}")
-  return jnp.sum(masked) / constant
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantDivisor:
+  """``sum(mask * x) / constant``: Dr. GRPO's fixed divisor (e.g. ``B * max_len``), so
+  a sequence's weight does not depend on its length. ``constant`` > 0 (a Python number
+  is checked here; a traced one is the caller's)."""
+
+  constant: float
+  mode: ClassVar[str] = "constant"
+
+  def __post_init__(self):
+    if importance._is_number(self.constant) and not self.constant > 0:
+      raise ValueError(f"constant must be > 0, got {self.constant}")
+
+  def reduce(self, masked: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scalar float32 of the masked ``[B, T]`` values ``masked`` (zeros off the mask)."""
+    return jnp.sum(masked) / self.constant
+
+
+Normalization = TokenMean | SequenceMean | ConstantDivisor
+NORMALIZATIONS = ("token", "sequence", "constant")
+
+
+def normalization(mode: str, *, constant: float | None = None) -> Normalization:
+  """The :data:`Normalization` named ``mode`` (one of ``NORMALIZATIONS``); ``constant``
+  is read by ``"constant"`` only (required there). For resolving a configuration's
+  name once; code below that passes the object."""
+  if mode not in NORMALIZATIONS:
+    raise ValueError(f"unknown loss normalization {mode!r}; expected one of "
+                     f"{NORMALIZATIONS}")
+  if mode == "constant":
+    if constant is None:
+      raise ValueError("normalization 'constant' needs a constant (e.g. batch * "
+                       "max_len)")
+    return ConstantDivisor(constant)
+  return TokenMean() if mode == "token" else SequenceMean()
+
+
+def _as_normalization(norm, constant, api: str) -> Normalization:
+  """``norm`` as a :data:`Normalization`: a typed one as is (then ``constant`` must be
+  None), or one of the older names with its constant (kept for one release)."""
+  if isinstance(norm, str):
+    return normalization(norm, constant=constant)
+  if not isinstance(norm, Normalization):
+    raise TypeError(f"{api}: normalization must be TokenMean(), SequenceMean() or "
+                    f"ConstantDivisor(c) (or one of the names {NORMALIZATIONS}), got "
+                    f"{norm!r}")
+  if constant is not None:
+    raise ValueError(f"{api}: the constant belongs in ConstantDivisor(constant); got "
+                     f"{norm!r} and a separate constant={constant!r}")
+  return norm
+
+
+def normalize_loss(per_token: jax.Array, mask: jax.Array,
+                   mode: Normalization | str = TokenMean(),
+                   constant: float | None = None) -> jax.Array:
+  """Scalar float32 reduction of ``per_token`` ``[B, T]`` over ``mask`` (``[B, T]``
+  bool/float) by ``mode``: :class:`TokenMean` (default), :class:`SequenceMean` or
+  :class:`ConstantDivisor`. The older spelling, a name in ``NORMALIZATIONS`` with
+  ``constant`` for ``"constant"``, is kept for one release. Gradient: that of the
+  reduction, through ``per_token``.
+  """
+  norm = _as_normalization(mode, constant, "normalize_loss")
+  x = importance.as_tokens(per_token, "per_token")
+  m = importance.as_mask(mask, x.shape)
+  return norm.reduce(jnp.where(m > 0, x, 0.0), m)
 
 
 def k3_kl(learner_logp: jax.Array, reference_logp: jax.Array) -> jax.Array:
@@ -151,7 +215,8 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
               is_method: str | None = None, is_cap: float | None = None,
               is_lo: float | None = None, is_hi: float | None = None,
               is_level: str | None = None, clip_eps: float = 0.2, clip_eps_high: float | None = None,
-              normalization: str = "token", norm_constant: float | None = None,
+              normalization: Normalization | str = TokenMean(),
+              norm_constant: float | None = None,
               proximal_logp: jax.Array | None = None, kl_coef: float = 0.0,
               reference_logp: jax.Array | None = None
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -171,7 +236,11 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
       (a method name and its numbers, :func:`numerics.rl.importance.correction`; kept
       for one release): giving them with ``correction`` raises.
     clip_eps, clip_eps_high: PPO clip range ``[1 - clip_eps, 1 + clip_eps_high]``.
-    normalization, norm_constant: see :func:`normalize_loss`.
+    normalization: the loss reduction, :class:`TokenMean` (default),
+      :class:`SequenceMean` or :class:`ConstantDivisor`.
+    norm_constant: with a name for ``normalization`` (the older spelling, kept for one
+      release), the constant of ``"constant"``; giving it with a typed normalization
+      raises.
     proximal_logp: ``[B, T]`` learner old log-probs for decoupled PPO, or None.
     kl_coef, reference_logp: k3 KL penalty to the reference (required if kl_coef != 0).
 
@@ -181,9 +250,7 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
   mismatch_{k1,k3,max_abs_delta_logp} between the learner and the sampler.
   """
   corr = _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level)
-  if normalization not in NORMALIZATIONS:
-    raise ValueError(f"unknown loss normalization {normalization!r}; "
-                     f"expected one of {NORMALIZATIONS}")
+  norm = _as_normalization(normalization, norm_constant, "grpo_loss")
   l = importance.as_tokens(learner_logp, "learner_logp")
   b = jax.lax.stop_gradient(importance.as_tokens(behaviour_logp, "behaviour_logp", l.shape))
   m = importance.as_mask(mask, l.shape)
@@ -208,14 +275,13 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
     per_token = per_token + kl_coef * kl_tok
   else:
     kl_tok = jnp.zeros_like(l)
-  loss = normalize_loss(per_token, counted, normalization, norm_constant)
+  loss = normalize_loss(per_token, counted, norm)
 
   n_counted = jnp.maximum(jnp.sum(counted), 1.0)
   clip_frac = jnp.sum(ppo_clipped_mask(l, p, a, clip_eps, clip_eps_high) * counted) / n_counted
   metrics = {
       "loss": jax.lax.stop_gradient(loss),
-      "pg_loss": jax.lax.stop_gradient(normalize_loss(pg, counted, normalization,
-                                                      norm_constant)),
+      "pg_loss": jax.lax.stop_gradient(normalize_loss(pg, counted, norm)),
       "kl": jax.lax.stop_gradient(jnp.sum(kl_tok * counted) / n_counted),
       "ppo_clip_frac": clip_frac,
   }

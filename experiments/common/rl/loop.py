@@ -104,8 +104,10 @@ def learner_step_fns(config: RLConfig, apply: Callable[..., Any],
                 else None)
     return policy_loss.grpo_loss(
         learner_logp, behaviour_logp, adv, mask, correction=correction,
-        clip_eps=config.clip_eps, normalization=config.normalization,
-        norm_constant=float(mask.size), proximal_logp=proximal)
+        clip_eps=config.clip_eps,
+        normalization=policy_loss.normalization(config.normalization,
+                                                constant=float(mask.size)),
+        proximal_logp=proximal)
 
   @jax.jit
   def learner_update(p, opt_state, tokens, behaviour_logp, adv, mask, served):

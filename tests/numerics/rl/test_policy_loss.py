@@ -146,6 +146,10 @@ def test_grpo_all_masked_rows_and_normalizations():
   np.testing.assert_allclose(loss_tok, -w.sum() / 3, rtol=1e-6)
   np.testing.assert_allclose(loss_seq, -w.sum() / 3, rtol=1e-6)
   np.testing.assert_allclose(loss_c, -w.sum() / 6, rtol=1e-6)
+  # The typed spellings give the same bits as the names they replace.
+  for typed, old in ((pl.TokenMean(), loss_tok), (pl.SequenceMean(), loss_seq),
+                     (pl.ConstantDivisor(6.0), loss_c)):
+    assert float(pl.grpo_loss(l, b, adv, mask, normalization=typed)[0]) == float(old)
   loss0, met0 = pl.grpo_loss(l, b, adv, jnp.zeros_like(mask))
   assert float(loss0) == 0.0 and all(np.isfinite(float(v)) for v in met0.values())
 
@@ -195,6 +199,15 @@ def test_validation():
     pl.grpo_loss(l, b, adv, mask, normalization="batch")
   with pytest.raises(ValueError, match="needs a constant"):
     pl.normalize_loss(l, mask, "constant")
+  # A constant beside a typed normalization would be ignored: it raises instead.
+  with pytest.raises(ValueError, match="belongs in ConstantDivisor"):
+    pl.grpo_loss(l, b, adv, mask, normalization=pl.TokenMean(), norm_constant=6.0)
+  with pytest.raises(TypeError, match="normalization must be TokenMean"):
+    pl.normalize_loss(l, mask, mode=None)
+  with pytest.raises(ValueError, match="constant must be > 0, got 0"):
+    pl.ConstantDivisor(0)
+  assert pl.normalization("constant", constant=4.0) == pl.ConstantDivisor(4.0)
+  assert pl.normalization("sequence", constant=4.0) == pl.SequenceMean()
   with pytest.raises(ValueError, match="reference_logp"):
     pl.grpo_loss(l, b, adv, mask, kl_coef=0.1)
   with pytest.raises(ValueError, match="reference_logp"):  # traced kl_coef, no reference
