@@ -55,7 +55,8 @@ class Context:
     self.kind = kind  # "linen" or "nnx"
     self.top_path = top_path
     self.stack: list[tuple[Any, str]] = [(top, "")]
-    self.counts: dict[int, dict[str, int]] = {}
+    # id(scope or module) -> (that object, op kind -> ops issued so far)
+    self.counts: dict[int, tuple[Any, dict[str, int]]] = {}
     self.busy = False  # inside a handler: the library's own matmuls pass through
     self.attention = False  # inside a decomposed jax.nn.dot_product_attention
 
@@ -64,8 +65,10 @@ class Context:
     return "/".join(str(p) for p in path[len(self.top_path):])
 
   def next_op_id(self, module: Any, op: str) -> str:
-    key = id(module.scope) if self.kind == "linen" else id(module)
-    counts = self.counts.setdefault(key, {})
+    owner = module.scope if self.kind == "linen" else module
+    # The owner is held with its counts: were it freed during the call (flax frees
+    # scopes at garbage collection), a new one could get its id() and count on from it.
+    _, counts = self.counts.setdefault(id(owner), (owner, {}))
     n = counts.get(op, 0)
     counts[op] = n + 1
     return f"{op}_{n}"

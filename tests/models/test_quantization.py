@@ -8,6 +8,7 @@ injection points), for outputs and gradients.
 """
 
 import functools
+import types
 from typing import Any, Callable
 
 import chex
@@ -247,3 +248,25 @@ def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
       ("attn/value", "dot_general_0"), ("attn/out", "dot_general_0"),
       ("attn", "dot_product_attention_0")}
   assert {op.path for op in ops if op.rule is rules[1]} == {"embed", "up", "down"}
+
+
+def test_op_ids_survive_a_freed_scope_whose_id_is_reused():
+  # Op ids count per module scope, keyed by the scope's id(). A scope freed during the
+  # call (flax frees them at garbage collection) let CPython give its address to a new
+  # scope, whose ops then counted on from the freed one's ("dot_general_1" for its
+  # first op) and missed their delayed-scaling state. Fresh scopes, each dropped after
+  # one op, must each start at 0.
+  from lowprec.models.quantization import context as context_lib
+  config = context_lib.Config(rules=(), telemetry=False, rng_stream="quant")
+  ctx = context_lib.Context(config, top=None, top_path=(), kind="linen")
+  ids = []
+  for _ in range(200):
+    module = types.SimpleNamespace(scope=object())
+    ids.append(ctx.next_op_id(module, "dot_general"))
+    del module
+  assert set(ids) == {"dot_general_0"}
+  nnx_ctx = context_lib.Context(config, top=None, top_path=(), kind="nnx")
+  ids = []
+  for _ in range(200):
+    ids.append(nnx_ctx.next_op_id(object(), "dot_general"))
+  assert set(ids) == {"dot_general_0"}
