@@ -9,6 +9,16 @@ from experiments.fair_cast import experiment as fc
 from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
+from tests import compile_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_each_program_once(tmp_path_factory):
+  """Nine runs of one tiny config: each rebuilds the RL loop's jitted closures, so without
+  the cache each compiles the programs the others did; a program that differs (another
+  export or loss) still compiles."""
+  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,6 +13,16 @@ from experiments.common.results import read_results
 from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from lowprec.models import sampling
+from tests import compile_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_each_program_once(tmp_path_factory):
+  """Seven runs of one tiny config and three warm starts: each rebuilds its jitted
+  closures, so without the cache each compiles the programs the others did; a program
+  that differs (another refresh interval, a patched sampler) still compiles."""
+  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
+    yield
 
 
 @pytest.fixture(scope="module")
