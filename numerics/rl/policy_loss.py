@@ -132,7 +132,7 @@ class ConstantDivisor:
 
 
 Normalization = TokenMean | SequenceMean | ConstantDivisor
-NORMALIZATIONS = ("token", "sequence", "constant")
+NORMALIZATIONS = tuple(c.mode for c in (TokenMean, SequenceMean, ConstantDivisor))
 
 
 def normalization(mode: str, *, constant: float | None = None) -> Normalization:
@@ -142,12 +142,12 @@ def normalization(mode: str, *, constant: float | None = None) -> Normalization:
   if mode not in NORMALIZATIONS:
     raise ValueError(f"unknown loss normalization {mode!r}; expected one of "
                      f"{NORMALIZATIONS}")
-  if mode == "constant":
+  if mode == ConstantDivisor.mode:
     if constant is None:
       raise ValueError("normalization 'constant' needs a constant (e.g. batch * "
                        "max_len)")
     return ConstantDivisor(constant)
-  return TokenMean() if mode == "token" else SequenceMean()
+  return TokenMean() if mode == TokenMean.mode else SequenceMean()
 
 
 def _as_normalization(norm, constant, api: str) -> Normalization:
