@@ -18,6 +18,17 @@ from experiments.common.tensorboard_reader import (read_hparams_session, read_hi
 
 from experiments.common.repo_paths import REPO_DIR as REPO
 from tests import compile_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_each_program_once(tmp_path_factory):
+  """Runs of one tiny config (full, stopped and resumed) rebuild the same jitted steps;
+  the cache (tests.compile_cache, keyed by the lowered program) compiles each program
+  once, and a program that differs still compiles."""
+  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
+    yield
+
+
 TINY = lm.LMConfig(num_steps=20, warmup_steps=2, seq_len=32, batch_size=8, d_model=32,
                    num_layers=1, num_heads=2, d_ff=64, eval_every=10, eval_batches=2,
                    log_every=5, checkpoint_every=10, histogram_every=10, max_chars=100_000,
@@ -133,19 +144,10 @@ def test_bad_recipe_fails_before_training(tmp_path):
     _run(tmp_path / "bad", dataclasses.replace(TINY, recipe="nope"))
 
 
-@pytest.fixture
-def compile_once(tmp_path):
-  """Runs of one config rebuild their jitted steps, so without the cache each run
-  compiles the same programs again."""
-  with compile_cache.shared_compiles(str(tmp_path / "jax_cache")):
-    yield
-
-
-def test_delayed_scaling_state_and_telemetry_are_carried_and_logged(tmp_path, compile_once):
+def test_delayed_scaling_state_and_telemetry_are_carried_and_logged(tmp_path):
   # fp8_delayed keeps amax histories in the model's _overwrite_with_gradient collection:
   # the train step replaces them with their gradient, the checkpoint holds them, and
   # resume continues them exactly; telemetry is logged under numerics/<layer>/...
-  # Three runs of one config: compile_once compiles the telemetry-laden programs once.
   config = dataclasses.replace(TINY, recipe="fp8_delayed", numerics_telemetry=True,
                                num_steps=4, warmup_steps=1, eval_every=2, log_every=1,
                                checkpoint_every=2, histogram_every=0)

@@ -16,6 +16,17 @@ from experiments.common.run_options import RunOptions
 from experiments.common.tensorboard_reader import read_scalars
 from launch import registry
 from launch.sweep import prepare
+from tests import compile_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_each_program_once(tmp_path_factory):
+  """Runs of one tiny config rebuild the same jitted steps; the cache
+  (tests.compile_cache, keyed by the lowered program) compiles each program once,
+  and a program that differs still compiles."""
+  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
+    yield
+
 
 TINY = memoir.MemoirExperimentConfig(
     num_steps=12, num_pairs=4, key_dim=8, num_values=4, d_latent=16, d_mem=8, d_hidden=16,
