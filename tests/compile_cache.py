@@ -18,6 +18,7 @@ from typing import Iterator
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
+import pytest
 
 # Restored on exit; the cache's initialization sets the entry-size floor itself.
 _SETTINGS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
@@ -45,3 +46,16 @@ def shared_compiles(cache_dir: str) -> Iterator[None]:
     for name, value in before.items():
       jax.config.update(name, value)
     compilation_cache.reset_cache()
+
+
+def module_fixture():
+  """An autouse, module-scoped pytest fixture that runs the module's tests inside
+  :func:`shared_compiles` (a directory per module and worker); a test module assigns it
+  to a name: ``_compile_each_program_once = compile_cache.module_fixture()``."""
+
+  @pytest.fixture(scope="module", autouse=True)
+  def compile_each_program_once(tmp_path_factory):
+    with shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
+      yield
+
+  return compile_each_program_once

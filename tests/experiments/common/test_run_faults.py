@@ -32,13 +32,8 @@ from tests.experiments.common.tiny_lm import TINY, cli as _cli, run as _run
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Runs of one tiny config rebuild the same jitted steps; the cache
-  (tests.compile_cache, keyed by the lowered program) compiles each program once,
-  and a program that differs still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# The fault and resume runs of one tiny LM config rebuild the same jitted steps.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 # ----------------------------------------------------------------- results and rows

@@ -12,13 +12,9 @@ from experiments.common.tensorboard_reader import read_scalars
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Nine runs of one tiny config: each rebuilds the RL loop's jitted closures, so without
-  the cache each compiles the programs the others did; a program that differs (another
-  export or loss) still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Nine runs of one tiny config rebuild the RL loop's jitted closures; a program that
+# differs (another export or loss) still compiles.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 @pytest.fixture(scope="module")

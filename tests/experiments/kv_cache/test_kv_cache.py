@@ -18,13 +18,8 @@ from lowprec.numerics import kv_quant
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Runs of one tiny config rebuild the same jitted steps; the cache
-  (tests.compile_cache, keyed by the lowered program) compiles each program once,
-  and a program that differs still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Runs of one tiny config (end to end, warm starts) rebuild the same jitted steps.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 CFG = TransformerConfig(vocab_size=14, d_model=16, num_layers=2, num_heads=2, d_ff=32,

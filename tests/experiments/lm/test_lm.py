@@ -20,13 +20,8 @@ from experiments.common.repo_paths import REPO_DIR as REPO
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Runs of one tiny config (full, stopped and resumed) rebuild the same jitted steps;
-  the cache (tests.compile_cache, keyed by the lowered program) compiles each program
-  once, and a program that differs still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Runs of one tiny config (full, stopped and resumed) rebuild the same jitted steps.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 TINY = lm.LMConfig(num_steps=20, warmup_steps=2, seq_len=32, batch_size=8, d_model=32,

@@ -19,13 +19,8 @@ from launch.sweep import prepare
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Runs of one tiny config rebuild the same jitted steps; the cache
-  (tests.compile_cache, keyed by the lowered program) compiles each program once,
-  and a program that differs still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Runs of one tiny config (a run and its prefix, resumes) rebuild the same jitted steps.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 TINY = memoir.MemoirExperimentConfig(

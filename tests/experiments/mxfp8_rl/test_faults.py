@@ -33,14 +33,10 @@ class Drifting(mxfp8_rl.MXFP8RLConfig):
             lambda g: jnp.full_like(g, 0.01), grads), state))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """The eight runs here trace the same loop; a planted fault changes only the export
-  and the host-side checks. Each run rebuilds ~15 jitted closures, whose XLA compiles
-  were ~12 of a fault run's ~14 s; the cache serves the later runs' identical programs
-  (the faulty exports still compile: their programs differ)."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# The eight runs here trace the same loop (a planted fault changes only the export and
+# the host-side checks); XLA compiles were ~12 of a fault run's ~14 s. The faulty
+# exports still compile: their programs differ.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,9 @@ from experiments.mxfp8_rl import weight_sync
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Four runs of one tiny config (two learner recipes): each rebuilds the RL loop's jitted
-  closures, so without the cache each compiles the programs the others did; a program
-  that differs (the bf16 learner's step) still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Four runs of one tiny config (two learner recipes) rebuild the RL loop's jitted
+# closures; a program that differs (the bf16 learner's step) still compiles.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,9 @@ from lowprec.models import sampling
 from tests import compile_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_each_program_once(tmp_path_factory):
-  """Seven runs of one tiny config and three warm starts: each rebuilds its jitted
-  closures, so without the cache each compiles the programs the others did; a program
-  that differs (another refresh interval, a patched sampler) still compiles."""
-  with compile_cache.shared_compiles(str(tmp_path_factory.mktemp("jax_cache"))):
-    yield
+# Seven runs of one tiny config and three warm starts rebuild their jitted closures; a
+# program that differs (another refresh interval, a patched sampler) still compiles.
+_compile_each_program_once = compile_cache.module_fixture()
 
 
 @pytest.fixture(scope="module")
