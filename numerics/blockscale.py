@@ -31,8 +31,8 @@ import numpy as np
 
 from lowprec.numerics import block_layout
 from lowprec.numerics import encoding
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import (AmaxAxisName, NVFP4_BLOCK, NVFP4_CONVENTIONS,
                                           QuantizedArray, block_amax_bits,
                                           block_statistic, canonical_block,
@@ -95,7 +95,7 @@ def _dequantize_one(q: QuantizedArray) -> jax.Array:
       cs = _expand_scales(q, q.scales.astype(jnp.int32))
       n = jnp.take(jnp.asarray(n_e_t), ce) * jnp.take(jnp.asarray(n_s_t), cs)
       qe = jnp.take(jnp.asarray(qe_e_t), ce) + jnp.take(jnp.asarray(qe_s_t), cs)
-      bits = rounding_lib.compose_bits(n, qe) | ((q.codes.astype(jnp.uint32) >> 3) << 31)
+      bits = float_bits.compose_bits(n, qe) | ((q.codes.astype(jnp.uint32) >> 3) << 31)
       out = mul(lax.bitcast_convert_type(bits, jnp.float32), q.tensor_scale)
       return jnp.where(jnp.take(jnp.asarray(nan_s_t), cs), np.float32(np.nan), out)
     out = tensor_scaled(q.tensor_scale, decode)

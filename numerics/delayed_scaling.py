@@ -16,7 +16,7 @@ history for the next step. Per operand, the state is an amax history ``h`` of le
 
 So ``h[1:]`` holds the last ``L - 1`` amaxes, and the scale used at step ``t`` reflects
 steps ``t - L .. t - 1``. ``1 / s`` is IEEE round-to-nearest on every backend
-(:func:`numerics.rounding.div_rn`); ``x * s`` and the final product are float32
+(:func:`numerics.float_bits.div_rn`); ``x * s`` and the final product are float32
 multiplies (XLA:CPU flushes float32 subnormals in them).
 
 State lives outside the function (arrays in, arrays out): :func:`init_state`,
@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
@@ -85,7 +86,7 @@ def quantize_dequantize(x: jax.Array, state: DelayedScalingState,
     words = random_bits_lib.random_words(key, x.shape, shard_of=x)
   q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words,
                              rand_bits=rand_bits, saturate=True)
-  return q * rounding_lib.div_rn(np.float32(1.0), scale)
+  return q * float_bits.div_rn(np.float32(1.0), scale)
 
 
 def amax(x: jax.Array) -> jax.Array:

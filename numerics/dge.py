@@ -22,9 +22,9 @@ import numpy as np
 
 from lowprec.numerics import blockscale
 from lowprec.numerics import encoding
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import quantizer
-from lowprec.numerics import rounding as rounding_lib
 
 
 def _magnitude_grid(fmt: formats_lib.Format) -> np.ndarray:
@@ -58,7 +58,7 @@ def surrogate_derivative(w: jax.Array, spec: quantizer.QuantSpec, k: int = 5,
                                    scale_rule=spec.scale_rule, pad=spec.pad)
   # |w| / 2^s by exponent arithmetic (float division would flush tiny values on CPU).
   bits = jax.lax.bitcast_convert_type(w, jnp.uint32) & np.uint32(0x7FFFFFFF)
-  v = jax.lax.bitcast_convert_type(rounding_lib.ldexp_bits(bits, -s), jnp.float32)
+  v = jax.lax.bitcast_convert_type(float_bits.ldexp_bits(bits, -s), jnp.float32)
   grid = jnp.asarray(_magnitude_grid(f))
   idx = jnp.clip(jnp.searchsorted(grid, v, side="right") - 1, 0, grid.size - 2)
   lo, hi = grid[idx], grid[idx + 1]

@@ -7,7 +7,7 @@ exponent). The decode tables are built here in NumPy from the format definition
 check them against ml_dtypes independently.
 
 Decoding is exact without float arithmetic: each code maps to ``(sign, n, qe)`` with
-value ``(-1)^sign * n * 2^qe`` and is rebuilt with :func:`numerics.rounding.compose_bits`
+value ``(-1)^sign * n * 2^qe`` and is rebuilt with :func:`numerics.float_bits.compose_bits`
 (XLA:CPU flushes float32 subnormals in float arithmetic; block scales reach 2^-127).
 """
 
@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import rounding as rounding_lib
 
 _U = np.uint32
 
@@ -100,7 +100,7 @@ def decode_scaled(codes: jax.Array, fmt: formats_lib.Format,
   idx = codes.astype(jnp.int32)
   n = jnp.take(n_t, idx)
   qe = jnp.take(qe_t, idx)
-  bits = rounding_lib.compose_bits(n, qe + scale_exp)
+  bits = float_bits.compose_bits(n, qe + scale_exp)
   if fmt.has_inf:
     bits = jnp.where((n == 0) & (qe == 255), _U(0x7F800000), bits)
   bits = bits | (jnp.take(sign_t, idx) << 31)
@@ -123,7 +123,7 @@ def encode(values: jax.Array, fmt: str | formats_lib.Format) -> jax.Array:
   a = b & _U(0x7FFFFFFF)
   is_nan = a > _U(0x7F800000)
   is_inf = a == _U(0x7F800000)
-  sig, eb = rounding_lib.split_bits(a)
+  sig, eb = float_bits.split_bits(a)
   if f.kind == "int":
     k = jnp.where(a == 0, _U(0),
                   sig >> jnp.clip(23 - eb, 0, 31).astype(jnp.uint32))
@@ -171,7 +171,7 @@ def decode_arith_scaled(codes: jax.Array, fmt: formats_lib.Format,
     qe = jnp.where(e == 0, fmt.emin - m, e - fmt.bias - m)
   else:
     raise ValueError(f"decode_arith_scaled does not handle {fmt.name}")
-  bits = rounding_lib.compose_bits(n, qe + scale_exp) | (sign << 31)
+  bits = float_bits.compose_bits(n, qe + scale_exp) | (sign << 31)
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from lowprec.numerics import block_layout
 from lowprec.numerics import encoding
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import gradients as gradients_lib
 from lowprec.numerics import mx_fast
@@ -126,7 +127,7 @@ def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
   """
   elem, _, s_full, poison = _mx_elements(xp, f, axes, blocks, scale_rule, rounding,
                                          words, rand_bits)
-  mag = rounding_lib.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
+  mag = float_bits.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
   sign = elem & _U(0x80000000)
   if not f.kind == "float":  # INT8 has no negative zero
     sign = jnp.where(mag == 0, _U(0), sign)

@@ -34,7 +34,7 @@ about 25 operations:
    then saturated at the format's max (a float ``min``).
 3. The dequantized value ``r * 2^s`` by adding ``s`` to the exponent field
    (:func:`scale_back`, gradual underflow by a shift as
-   :func:`numerics.rounding.ldexp_bits`), or the element code from ``r``'s bit fields
+   :func:`numerics.float_bits.ldexp_bits`), or the element code from ``r``'s bit fields
    (:func:`element_codes`).
 
 Every element format of MX is covered (E4M3, E5M2, E2M3, E3M2, E2M1 and INT8, whose
@@ -141,7 +141,7 @@ def round_to_grid(m: jax.Array, f: formats_lib.Format, rounding: str,
 
 def scale_back(r: jax.Array, s: jax.Array) -> jax.Array:
   """int32 float32 bits of ``r * 2^s`` for an element value ``r >= 0`` (zero or a
-  normal float32) and int32 ``s``: :func:`numerics.rounding.ldexp_bits`'s result
+  normal float32) and int32 ``s``: :func:`numerics.float_bits.ldexp_bits`'s result
   (results below the normal range shift into subnormals, truncating; zero stays zero).
   """
   rb = _i32(r)

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import rounding as rounding_lib
 
 _U = np.uint32
 _I = np.int32
@@ -44,14 +44,14 @@ MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
 def _floor_log2(bits: jax.Array) -> jax.Array:
   """floor(log2 v) for positive finite float32 bits (subnormals by leading zeros)."""
   e32 = (bits >> 23).astype(jnp.int32)
-  sub = _I(31) - rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - _I(149)
+  sub = _I(31) - float_bits.leading_zeros(bits & _U(0x7FFFFF)) - _I(149)
   return jnp.where(e32 > 0, e32 - 127, sub)
 
 
 def _normalized_sig(bits: jax.Array) -> jax.Array:
   """24-bit significand with its leading one at bit 23 (subnormals shifted up)."""
   e32 = bits >> 23
-  sub = bits << jnp.clip(rounding_lib.leading_zeros(bits & _U(0x7FFFFF)) - 8, 0,
+  sub = bits << jnp.clip(float_bits.leading_zeros(bits & _U(0x7FFFFF)) - 8, 0,
                          31).astype(jnp.uint32)
   return jnp.where(e32 > 0, (bits & _U(0x7FFFFF)) | _U(0x800000), sub)
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from lowprec.numerics import block_layout
+from lowprec.numerics import float_bits
 from lowprec.numerics import gradients as gradients_lib
 from lowprec.numerics import nvfp4_fast
 from lowprec.numerics import nvfp4_te
@@ -243,7 +244,7 @@ def nvfp4_grid_multipliers(x: jax.Array, *,
                                                      "nvfp4_grid_multipliers")
   if convention == "te":
     s_enc, _ = nvfp4_te.nvfp4_tensor_scale(xp, amax_axis_name=amax_axis_name)
-    s_dec, mult = nvfp4_te.te_block_scales(block_amax, s_enc, rounding_lib.div_rn_idiv)
+    s_dec, mult = nvfp4_te.te_block_scales(block_amax, s_enc, float_bits.div_rn_idiv)
     clamped = (s_dec == 0) & (block_amax > 0)
   else:
     pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)

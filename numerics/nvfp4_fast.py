@@ -27,9 +27,9 @@ import numpy as np
 import ml_dtypes
 
 from lowprec.numerics import block_layout
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import nvfp4_te
-from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
 
 _U = np.uint32
@@ -95,15 +95,15 @@ def te_block_scales_by_table(block_amax: jax.Array, s_enc: jax.Array,
   ``S_dec`` is rounded onto E4M3 by float adds (:func:`_e4m3_rne_nonnegative`), and
   ``enc = min(1 / (S_dec * (1/S_enc)), FLT_MAX)``, which depends on the block only
   through ``S_dec``'s code, is read from a table of its 127 values formed once per
-  tensor by the exact integer chain (:func:`numerics.rounding.mul_narrow`,
-  :func:`numerics.rounding.div_rn_idiv`): that chain, about 500 ops per block
+  tensor by the exact integer chain (:func:`numerics.float_bits.mul_narrow`,
+  :func:`numerics.float_bits.div_rn_idiv`): that chain, about 500 ops per block
   before, now runs on 127 scalars, and compiles once instead of into the block loop.
   """
   s_dec = _e4m3_rne_nonnegative(jnp.minimum(_magnitude_times(
       lax.bitcast_convert_type(block_amax, jnp.uint32), s_enc * np.float32(1.0 / 6.0)),
       np.float32(448.0)))
-  table, = _materialize(jnp.minimum(rounding_lib.div_rn_idiv(
-      np.float32(1.0), rounding_lib.mul_narrow(_E4M3_VALUES, inv_s_enc)), _FLT_MAX))
+  table, = _materialize(jnp.minimum(float_bits.div_rn_idiv(
+      np.float32(1.0), float_bits.mul_narrow(_E4M3_VALUES, inv_s_enc)), _FLT_MAX))
   code = nvfp4_te.encode_e4m3_nonnegative(s_dec)
   return s_dec, jnp.take(table, code.astype(jnp.int32), mode="clip")
 

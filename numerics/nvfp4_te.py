@@ -13,13 +13,13 @@ rounding of ``x * multiplier``, the tensor-scale multiply), the TE scale chain, 
 :mod:`numerics.nvfp4_fast` is the same chain in two passes for the jnp path, and
 :mod:`numerics.nvfp4` holds the public functions.
 
-NVFP4's divisions use :func:`numerics.rounding.div_rn` (IEEE round-to-nearest from
+NVFP4's divisions use :func:`numerics.float_bits.div_rn` (IEEE round-to-nearest from
 integer ops: GPU Triton kernels divide approximately, TPUs by a reciprocal estimate),
 and its products with a possibly subnormal operand (``block_amax * S_enc/6`` and
 ``x * enc``) rescale that operand in the bits first (:func:`mul_subnormal_lhs`). A
 tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a subnormal ``1/S_enc``, and
 its dequantized values are subnormal: the products with those are formed exactly in
-integers and rounded once (:func:`numerics.rounding.mul_narrow`, behind
+integers and rounded once (:func:`numerics.float_bits.mul_narrow`, behind
 :func:`tensor_scaled`), and zero tests read the bits. So NVFP4 gives the spec's float32
 bits on every backend, for tensors of float32 subnormals too, although CPU and TPU
 arithmetic flush subnormals.
@@ -34,6 +34,7 @@ import numpy as np
 
 from lowprec.numerics import block_layout
 from lowprec.numerics import encoding
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
@@ -67,7 +68,7 @@ def nvfp4_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
 def tensor_scale_of_amax(t_amax_bits, t_amax):
   # Scalars, outside the Pallas kernels (they take both as inputs): XLA's exact
   # integer division, the same bits as div_rn's loop in fewer ops.
-  div = rounding_lib.div_rn_idiv
+  div = float_bits.div_rn_idiv
   s_enc = jnp.minimum(div(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
   s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
   return s_enc, div(np.float32(1.0), s_enc)
@@ -86,7 +87,7 @@ def mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
   mag = bits & _U(0x7FFFFFFF)
   sub = (mag < _U(0x00800000)) & (mag != 0)
   up = lax.bitcast_convert_type(
-      rounding_lib.ldexp_bits(mag, 24) | (bits & _U(0x80000000)), jnp.float32)
+      float_bits.ldexp_bits(mag, 24) | (bits & _U(0x80000000)), jnp.float32)
   prod = jnp.where(sub, up, a) * b
   return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
 
@@ -113,11 +114,11 @@ def finite_block_amax(xp, axes, blocks):
   return block_amax, poisoned, bshape, bpos
 
 
-def te_block_scales(block_amax, s_enc, scalar_div=rounding_lib.div_rn):
+def te_block_scales(block_amax, s_enc, scalar_div=float_bits.div_rn):
   """(E4M3-rounded S_dec, element multiplier enc) per block, TE's chain.
 
-  ``scalar_div`` forms the scalar ``1/S_enc``: :func:`numerics.rounding.div_rn` in the
-  Pallas kernels' body, :func:`numerics.rounding.div_rn_idiv` in jnp programs (the
+  ``scalar_div`` forms the scalar ``1/S_enc``: :func:`numerics.float_bits.div_rn` in the
+  Pallas kernels' body, :func:`numerics.float_bits.div_rn_idiv` in jnp programs (the
   same bits; CSE'd with the tensor scale's own). The per-block reciprocal stays on
   ``div_rn``'s loop, which fuses into one pass (XLA:CPU keeps integer divisions out
   of fusions: per-block divisions took ``quantize_nvfp4`` from 0.8-1.3x a copy's time
@@ -130,7 +131,7 @@ def te_block_scales(block_amax, s_enc, scalar_div=rounding_lib.div_rn):
   # 1/S_enc is subnormal for a tensor amax below 2688 * 2^-126: the product is formed
   # in integers, as XLA:CPU and TPUs would read that operand as zero.
   enc = jnp.minimum(
-      rounding_lib.div_rn(np.float32(1.0), rounding_lib.mul_narrow(s_dec, inv_s_enc)),
+      float_bits.div_rn(np.float32(1.0), float_bits.mul_narrow(s_dec, inv_s_enc)),
       _FLT_MAX)
   return s_dec, enc
 
@@ -182,11 +183,11 @@ def _multiply_is_normal(scale: jax.Array) -> jax.Array:
 def tensor_scaled(scale: jax.Array, fn):
   """``fn(mul)``: a per-element pass that multiplies NVFP4 values by the tensor scale
   ``scale`` with ``mul``, the float multiply where :func:`_multiply_is_normal` and
-  :func:`numerics.rounding.mul_narrow` (exact in integers, about as costly as the rest
+  :func:`numerics.float_bits.mul_narrow` (exact in integers, about as costly as the rest
   of the pass) where a subnormal scale or result needs it. The pass is traced twice
   behind a scalar ``lax.cond``, so a normal tensor pays nothing for the exact one."""
   return lax.cond(_multiply_is_normal(scale), lambda: fn(jnp.multiply),
-                  lambda: fn(rounding_lib.mul_narrow))
+                  lambda: fn(float_bits.mul_narrow))
 
 
 def encode_e4m3_nonnegative(v: jax.Array) -> jax.Array:

@@ -27,6 +27,7 @@ import numpy as np
 
 from lowprec.numerics import block_layout
 from lowprec.numerics import encoding
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import rounding as rounding_lib
@@ -46,23 +47,23 @@ def nvfp4_torchao_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = N
   t_amax_bits, _ = nvfp4_te.finite_tensor_amax(x)
   t_amax_bits = block_layout.reduce_amax_bits(t_amax_bits, amax_axis_name)
   t_amax = lax.bitcast_convert_type(t_amax_bits, jnp.float32)
-  pts = rounding_lib.div_rn_idiv(t_amax, np.float32(448.0 * 6.0))
+  pts = float_bits.div_rn_idiv(t_amax, np.float32(448.0 * 6.0))
   # XLA:CPU compares a subnormal quotient equal to zero (see nonzero_magnitude).
-  pts_zero = ~rounding_lib.nonzero_magnitude(lax.bitcast_convert_type(pts, jnp.uint32))
+  pts_zero = ~float_bits.nonzero_magnitude(lax.bitcast_convert_type(pts, jnp.uint32))
   return jnp.where((t_amax_bits == 0) | pts_zero, np.float32(1.0), pts)
 
 
 def torchao_block_scales(block_amax, per_tensor_scale):
   """(unclamped scaled block scale, E4M3 scale s, element multiplier) per block."""
-  block_scale = rounding_lib.div_rn(block_amax, np.float32(6.0))
-  scaled_scale = rounding_lib.div_rn(block_scale, per_tensor_scale)
+  block_scale = float_bits.div_rn(block_amax, np.float32(6.0))
+  scaled_scale = float_bits.div_rn(block_scale, per_tensor_scale)
   s = jnp.clip(scaled_scale, E4M3_EPS, np.float32(448.0))
   s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
                              saturate=True)
-  inv_pts = rounding_lib.div_rn_idiv(np.float32(1.0), per_tensor_scale)  # scalar
+  inv_pts = float_bits.div_rn_idiv(np.float32(1.0), per_tensor_scale)  # scalar
   # 1 / per_tensor_scale overflows for a tensor amax below 2688 / FLT_MAX; torchao's
   # Inf / s stays Inf (div_rn takes finite operands).
-  reciprocal = jnp.where(jnp.isinf(inv_pts), inv_pts, rounding_lib.div_rn(inv_pts, s))
+  reciprocal = jnp.where(jnp.isinf(inv_pts), inv_pts, float_bits.div_rn(inv_pts, s))
   return scaled_scale, s, reciprocal
 
 
@@ -76,7 +77,7 @@ def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
   torchao's ``nvfp4_quantize`` with a per-tensor scale: ``s = e4m3(clamp((block_amax /
   6) / per_tensor_scale, 2^-6, 448))``, elements ``e2m1(clamp(x * ((1 /
   per_tensor_scale) / s), -6, 6))``, dequantized ``e2m1 * (per_tensor_scale * s)``
-  (every operation one float32 rounding; divisions by :func:`numerics.rounding.div_rn`).
+  (every operation one float32 rounding; divisions by :func:`numerics.float_bits.div_rn`).
   Runs on the jnp path only (no Pallas kernel).
   """
   e4m3 = formats_lib.get("e4m3")
@@ -90,7 +91,7 @@ def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
   # A reciprocal that overflowed to Inf (a zero block of a tensor with amax below about
   # 5e-34) makes torchao's 0 * Inf a NaN, which the E2M1 cast stores as code 0; ours
   # would saturate the NaN to -6.
-  zero_times_inf = jnp.isinf(rec_full) & ~rounding_lib.nonzero_magnitude(
+  zero_times_inf = jnp.isinf(rec_full) & ~float_bits.nonzero_magnitude(
       lax.bitcast_convert_type(xp, jnp.uint32) & _U(0x7FFFFFFF))
   codes = jnp.where(zero_times_inf, jnp.uint8(0), codes)
   elem_f = jnp.where(zero_times_inf, np.float32(0.0), elem_f)

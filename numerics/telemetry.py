@@ -32,9 +32,9 @@ from jax import lax
 import numpy as np
 
 from lowprec.numerics import blockscale
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import quantizer
-from lowprec.numerics import rounding as rounding_lib
 
 STATS = ("saturated", "flushed", "scale_clamped", "sqnr_db")
 
@@ -74,7 +74,7 @@ def _scaled_magnitude(x: jax.Array, exponent: jax.Array) -> jax.Array:
   """float32 ``|x| * 2^exponent`` by exponent arithmetic (no subnormal flush)."""
   bits = lax.bitcast_convert_type(x, jnp.uint32) & np.uint32(0x7FFFFFFF)
   finite = bits < np.uint32(0x7F800000)
-  scaled = rounding_lib.ldexp_bits(jnp.where(finite, bits, np.uint32(0)), exponent)
+  scaled = float_bits.ldexp_bits(jnp.where(finite, bits, np.uint32(0)), exponent)
   return lax.bitcast_convert_type(scaled, jnp.float32)
 
 

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.export._leaves import (F32, GLOBAL, bit_pattern, flatten, flatten_like,
                                      float_pairs, is_float, safe_div)
 from lowprec.numerics.export.served_copy import ExportSpec, check_spec
@@ -141,7 +141,7 @@ def _pow2(e):
 def ulp_ratio(m: jax.Array, s: jax.Array, fmt: formats_lib.Format) -> jax.Array:
   """float32 ``|m - s| / ulp(s, m)`` (see the module docstring); 0 where m == s."""
   a = lax.bitcast_convert_type(s, jnp.uint32) & np.uint32(0x7FFFFFFF)
-  sig, eb = rounding_lib.split_bits(a)
+  sig, eb = float_bits.split_bits(a)
   k = jnp.maximum(eb, fmt.emin) - fmt.man_bits  # exponent of the spacing above |s|
   toward_zero = jnp.where(s > 0, m < s, jnp.where(s < 0, m > s, False))
   finer_below = (sig == np.uint32(0x800000)) & (eb > fmt.emin)  # normal power of two
