@@ -138,4 +138,4 @@ def quantized_conv_general_dilated(
   return quantized_conv_general_dilated_with_state(
       lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
       feature_group_count, batch_group_count, precision, preferred_element_type,
-      recipe=r, state={}, key=key)[0]
+      recipe=r, state=qdot.State(), key=key)[0]

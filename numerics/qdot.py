@@ -84,6 +84,7 @@ DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
 
 # The state's type and constructor are part of qdot's API; they live in qdot_state.
 State = qdot_state.State
+OperandSlots = qdot_state.OperandSlots
 init_state = qdot_state.init_state
 
 FORWARD, DGRAD, WGRAD = 0, 1, 2
@@ -192,9 +193,14 @@ def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, o
   if gemm.hadamard is not None:
     a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0])
   return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
-                            delayed=delayed.get(f"{name}/lhs"), owner=owner),
+                            delayed=_delayed(delayed, name, "lhs"), owner=owner),
           _quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,
-                            delayed=delayed.get(f"{name}/rhs"), owner=owner))
+                            delayed=_delayed(delayed, name, "rhs"), owner=owner))
+
+
+def _delayed(delayed: qdot_state.OperandSlots | None, gemm: str, side: str):
+  """The operand's delayed-scaling state, or None."""
+  return None if delayed is None else getattr(delayed, qdot_state.slot(gemm, side))
 
 
 # Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation).
@@ -244,10 +250,8 @@ def _owner(recipe, api):
 
 def _forward(x, w, key, state, recipe, api):
   keys = _gemm_keys(key, FORWARD)
-  telemetry = "telemetry" in state
-  ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys,
-                       state.get("delayed", {}), telemetry, "forward",
-                       _owner(recipe, api))
+  ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys, state.delayed,
+                       state.telemetry is not None, "forward", _owner(recipe, api))
   (xq, _, _, xs), (wq, _, _, ws) = ops
   tel, amaxes = {}, {}
   _record(tel, amaxes, "forward", ops)
@@ -283,14 +287,14 @@ def _sum_to(ct: jax.Array, primal: jax.Array) -> jax.Array:
 def _qmatmul_bwd(recipe, api, res, cotangents):
   x, w, key, state, wq_fwd, amaxes = res
   g = cotangents[0].astype(jnp.float32)  # the telemetry output has no gradient
-  telemetry = "telemetry" in state
-  delayed = state.get("delayed", {})
+  telemetry = state.telemetry is not None
+  delayed = state.delayed
   tel, amaxes = {}, dict(amaxes)
   owner = _owner(recipe, api)
   kd = _gemm_keys(key, DGRAD)
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
     gres = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
-                             delayed=delayed.get("dgrad/lhs"), owner=owner)
+                             delayed=_delayed(delayed, "dgrad", "lhs"), owner=owner)
     ops = (gres, (wq_fwd[0], None, None, wq_fwd[1]))
     w_op = recipe.forward.rhs
   else:
@@ -400,7 +404,7 @@ def quantized_dot_general(lhs: jax.Array, rhs: jax.Array,
     raise ValueError(f"recipe {r.name!r} has delayed-scaling operands "
                      f"{list(r.delayed_operands)}, whose scales are state: use "
                      f"quantized_dot_general_with_state")
-  return _run(lhs, rhs, dimension_numbers, r, key, {}, precision,
+  return _run(lhs, rhs, dimension_numbers, r, key, State(), precision,
               preferred_element_type)[0]
 
 
@@ -414,8 +418,9 @@ def quantized_dot_general_with_state(
   Args:
     lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type: as
       :func:`quantized_dot_general` (any recipe).
-    state: this call site's state from :func:`init_state` (or the previous step's
-      gradient of it).
+    state: this call site's :class:`State` from :func:`init_state` (or the previous
+      step's gradient of it); the dict form of earlier releases is accepted for one
+      release, and its gradient keeps that form.
 
   Returns:
     ``(output, forward telemetry)``: the telemetry is ``{"forward/lhs": ...,
@@ -425,9 +430,10 @@ def quantized_dot_general_with_state(
     telemetry, the backward GEMMs' operand telemetry (see the module docstring).
   """
   r = recipes_lib.get(recipe)
+  state = qdot_state.as_state(state)
   qdot_state.check_state(r, state)
-  if "telemetry" in state and not r.quantized:
-    return _run(lhs, rhs, dimension_numbers, r, key, {}, precision,
+  if state.telemetry is not None and not r.quantized:
+    return _run(lhs, rhs, dimension_numbers, r, key, State(), precision,
                 preferred_element_type)[0], {}
   return _run(lhs, rhs, dimension_numbers, r, key, state, precision,
               preferred_element_type, "quantized_dot_general_with_state")

@@ -1,18 +1,24 @@
 """The state of a quantized ``dot_general`` call site: delayed scaling and telemetry.
 
-:func:`numerics.qdot.quantized_dot_general_with_state` carries a ``state`` pytree per
-call site (:func:`init_state`): ``{"delayed": {"<gemm>/<side>": DelayedScalingState}}``
-for the recipe's delayed-scaling operands (:mod:`numerics.delayed_scaling`) and, with
-telemetry, ``{"telemetry": {"<gemm>/<side>": OperandTelemetry}}`` for the backward
-GEMMs' quantized operands (:mod:`numerics.telemetry`). Both can be updated only once
-the backward pass ran, so the next state comes back as the state's cotangent
-(:func:`next_state`; Flax's ``_overwrite_with_gradient`` convention).
+:func:`numerics.qdot.quantized_dot_general_with_state` carries a :class:`State` per call
+site (:func:`init_state`): ``State(delayed, telemetry)``, each an :class:`OperandSlots`
+(one field per operand of the three GEMMs: ``forward_lhs`` ... ``wgrad_rhs``) or None.
+``delayed`` holds a :class:`numerics.delayed_scaling.DelayedScalingState` for each of
+the recipe's delayed-scaling operands; ``telemetry`` (with ``telemetry=True``) an
+:class:`numerics.telemetry.OperandTelemetry` for each quantized operand of the backward
+GEMMs. Both can be updated only once the backward pass ran, so the next state comes
+back as the state's cotangent (:func:`next_state`; Flax's ``_overwrite_with_gradient``
+convention). Fields the recipe does not use are None (empty pytree nodes).
+
+The dict form of earlier releases (``{"delayed": {"forward/lhs": ...}}``) is accepted
+for one release (:func:`as_state`); its gradient comes back in the same dict form.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
 from jax import lax
 
 from lowprec.numerics import delayed_scaling
@@ -20,7 +26,79 @@ from lowprec.numerics import random_bits
 from lowprec.numerics import recipes as recipes_lib
 from lowprec.numerics import telemetry as telemetry_lib
 
-State = dict[str, Any]
+
+
+class OperandSlots(NamedTuple):
+  """One entry per operand of a call site's forward, dgrad and wgrad GEMMs; None for an
+  operand that has none (unquantized, not delayed, or a forward operand's telemetry,
+  which the call returns instead)."""
+  forward_lhs: Any = None
+  forward_rhs: Any = None
+  dgrad_lhs: Any = None
+  dgrad_rhs: Any = None
+  wgrad_lhs: Any = None
+  wgrad_rhs: Any = None
+
+  def items(self) -> tuple[tuple[str, Any], ...]:
+    """``(field, value)`` of the operands that have an entry."""
+    return tuple((k, v) for k, v in zip(self._fields, self) if v is not None)
+
+
+class State(NamedTuple):
+  """A call site's state (:func:`init_state`): delayed-scaling histories and the
+  backward GEMMs' telemetry, each None when the recipe or call keeps none."""
+  delayed: OperandSlots | None = None
+  telemetry: OperandSlots | None = None
+
+
+def slot(gemm: str, side: str) -> str:
+  """The :class:`OperandSlots` field of one operand: ``slot("dgrad", "lhs")`` is
+  ``"dgrad_lhs"``."""
+  return f"{gemm}_{side}"
+
+
+def as_state(state: State | dict) -> State:
+  """``state`` as a :class:`State`; the dict form of earlier releases
+  (``{"delayed": {"<gemm>/<side>": ...}, "telemetry": {...}}``) is converted (kept for
+  one release). Anything else raises, naming what it got."""
+  if isinstance(state, State):
+    return state
+  if isinstance(state, dict) and not set(state) - {"delayed", "telemetry"}:
+    try:
+      return State(*(None if state.get(part) is None else OperandSlots(
+          **{name.replace("/", "_"): v for name, v in state[part].items()})
+                     for part in State._fields))
+    except TypeError as e:
+      raise ValueError(f"state: a dict state's operands must be '<gemm>/<side>' "
+                       f"(forward, dgrad, wgrad; lhs, rhs): {e}") from None
+  got = (f"a dict with keys {sorted(state)}" if isinstance(state, dict)
+         else type(state).__name__)
+  raise ValueError(f"state must be a qdot.State from init_state, got {got}")
+
+
+def _is_state(x) -> bool:
+  return isinstance(x, State)
+
+
+def legacy_dict_form(tree: Any) -> Any:
+  """``tree`` with every :class:`State` in it in the dict form of earlier releases
+  (``{"delayed": {"forward/lhs": ...}}``), leaves unchanged: the structure a checkpoint
+  written before :class:`State` holds (for restoring one; kept for one release)."""
+
+  def to_dict(s):
+    if not isinstance(s, State):
+      return s
+    return {part: {k.replace("_", "/"): v for k, v in getattr(s, part).items()}
+            for part in State._fields if getattr(s, part) is not None}
+
+  return jax.tree.map(to_dict, tree, is_leaf=_is_state)
+
+
+def from_legacy_dict_form(template: Any, tree: Any) -> Any:
+  """The inverse of :func:`legacy_dict_form`: ``tree`` (that form) with the dicts where
+  ``template`` has a :class:`State` converted back (:func:`as_state`)."""
+  return jax.tree.map(lambda t, x: as_state(x) if isinstance(t, State) else x,
+                      template, tree, is_leaf=_is_state)
 
 
 def excess_axes(value, like) -> tuple[str, ...]:
@@ -30,40 +108,43 @@ def excess_axes(value, like) -> tuple[str, ...]:
 
 
 def next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict,
-                api: str) -> State:
+               api: str) -> State:
   """The state's cotangent: the next delayed states and the backward telemetry.
 
-  Inside ``shard_map`` an operand's amax is its shard's; where the state is replicated
-  over mesh axes the operand varies over, the amax is maximized over them first
-  (``lax.pmax``), so the next state is that of the whole operand, as Transformer
+  ``amaxes`` and ``tel`` are keyed ``"<gemm>/<side>"`` (as the forward telemetry the
+  call returns). Inside ``shard_map`` an operand's amax is its shard's; where the state
+  is replicated over mesh axes the operand varies over, the amax is maximized over them
+  first (``lax.pmax``), so the next state is that of the whole operand, as Transformer
   Engine reduces amaxes over its group.
   """
-  out = {}
-  if "delayed" in state:
-    out["delayed"] = {}
-    for slot, s in state["delayed"].items():
-      gemm, side = slot.split("/")
+  delayed = telemetry = None
+  if state.delayed is not None:
+    nxt = {}
+    for field, s in state.delayed.items():
+      gemm, side = field.split("_")
       op = getattr(getattr(recipe, gemm), side)
-      amax = amaxes[slot]
+      amax = amaxes[f"{gemm}/{side}"]
       axes = excess_axes(amax, s.scale)
       if axes:
         amax = lax.pmax(amax, axes)
-      out["delayed"][slot] = delayed_scaling.next_state(
-          s, amax, op.fmt, amax_compute_algo=op.amax_compute_algo,
-          margin=op.margin)
-  if "telemetry" in state:
-    out["telemetry"] = {}
-    for slot, like in state["telemetry"].items():
-      axes = excess_axes(tel[slot].sqnr_db, like.sqnr_db)
+      nxt[field] = delayed_scaling.next_state(
+          s, amax, op.fmt, amax_compute_algo=op.amax_compute_algo, margin=op.margin)
+    delayed = OperandSlots(**nxt)
+  if state.telemetry is not None:
+    nxt = {}
+    for field, like in state.telemetry.items():
+      name = field.replace("_", "/")
+      axes = excess_axes(tel[name].sqnr_db, like.sqnr_db)
       if axes:
         raise ValueError(
-            f"{api}: the backward telemetry of {slot!r} is per shard (its operand "
+            f"{api}: the backward telemetry of {name!r} is per shard (its operand "
             f"varies over the mesh axes {axes} inside shard_map) but the state holding "
             f"it is replicated over them, and an SQNR has no exact reduction across "
             f"shards; build the state with init_state(recipe) and no telemetry, or "
             f"take telemetry outside shard_map")
-      out["telemetry"][slot] = tel[slot]
-  return out
+      nxt[field] = tel[name]
+    telemetry = OperandSlots(**nxt)
+  return State(delayed, telemetry)
 
 
 def _operand_slots(recipe: recipes_lib.Recipe) -> tuple[tuple[str, str], ...]:
@@ -81,34 +162,36 @@ def _operand_slots(recipe: recipes_lib.Recipe) -> tuple[tuple[str, str], ...]:
 
 
 def init_state(recipe: str | recipes_lib.Recipe, *, telemetry: bool = False) -> State:
-  """The initial state of one :func:`numerics.qdot.quantized_dot_general_with_state` call
-  site.
+  """The initial :class:`State` of one
+  :func:`numerics.qdot.quantized_dot_general_with_state` call site.
 
-  ``{"delayed": {"<gemm>/<side>": DelayedScalingState}}`` for the recipe's
-  delayed-scaling operands (zero histories, scale 1) and, with ``telemetry``,
-  ``{"telemetry": {"<gemm>/<side>": OperandTelemetry}}`` zeros for the quantized
-  operands of the backward GEMMs (their telemetry comes back as the state's gradient).
+  ``delayed``: a :class:`numerics.delayed_scaling.DelayedScalingState` (zero history,
+  scale 1) for each of the recipe's delayed-scaling operands, None without any.
+  ``telemetry`` (with ``telemetry=True``): zero
+  :class:`numerics.telemetry.OperandTelemetry` for the quantized operands of the
+  backward GEMMs, whose telemetry comes back as the state's gradient; None otherwise.
   """
   r = recipes_lib.get(recipe)
-  state: State = {}
+  delayed = tel = None
   if r.delayed_operands:
-    state["delayed"] = {}
-    for slot in r.delayed_operands:
-      gemm, side = slot.split("/")
+    fields = {}
+    for name in r.delayed_operands:
+      gemm, side = name.split("/")
       op = getattr(getattr(r, gemm), side)
-      state["delayed"][slot] = delayed_scaling.init_state(op.amax_history_len)
+      fields[slot(gemm, side)] = delayed_scaling.init_state(op.amax_history_len)
+    delayed = OperandSlots(**fields)
   if telemetry:
-    state["telemetry"] = {f"{g}/{s}": telemetry_lib.zeros()
-                          for g, s in _operand_slots(r) if g != "forward"}
-  return state
+    tel = OperandSlots(**{slot(g, s): telemetry_lib.zeros()
+                          for g, s in _operand_slots(r) if g != "forward"})
+  return State(delayed, tel)
 
 
 def check_state(r: recipes_lib.Recipe, state: State) -> None:
-  if not isinstance(state, dict) or set(state) - {"delayed", "telemetry"}:
-    raise ValueError(f"state must be a dict from init_state, got {type(state).__name__} "
-                     f"with keys {sorted(state) if isinstance(state, dict) else ''}")
-  have = tuple(sorted(state.get("delayed", {})))
-  if have != tuple(sorted(r.delayed_operands)):
+  """Raises unless ``state`` (a :class:`State`) holds exactly ``r``'s delayed-scaling
+  operands."""
+  have = sorted(k.replace("_", "/") for k, _ in
+                (state.delayed.items() if state.delayed is not None else ()))
+  if have != sorted(r.delayed_operands):
     raise ValueError(f"recipe {r.name!r} has delayed-scaling operands "
-                     f"{sorted(r.delayed_operands)}, the state holds {list(have)}: build "
+                     f"{sorted(r.delayed_operands)}, the state holds {have}: build "
                      f"it with init_state(recipe)")

@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from experiments.common import run_metadata
+from lowprec.numerics import qdot_state
 
 
 class Snapshot(NamedTuple):
@@ -175,6 +176,11 @@ class Checkpointer:
       if s not in keep:
         self._manager.delete(s)
 
+  def _read(self, step: int, abstract: Any):
+    return self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                      meta=ocp.args.JsonRestore()))
+
   def restore(self, abstract_state: Any, abstract_rng: Any, step: int | None = None
               ) -> Snapshot:
     """Restores ``step`` (default: the latest) into the structure of the abstract trees
@@ -198,14 +204,22 @@ class Checkpointer:
                             f"{self.all_steps()})")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                             {"state": abstract_state, "rng": abstract_rng})
+    # A checkpoint written before qdot.State holds its quantized layers' states as
+    # dicts: read into that form and converted (kept for one release).
+    legacy = qdot_state.legacy_dict_form(abstract)
     try:
-      restored = self._manager.restore(
-          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                        meta=ocp.args.JsonRestore()))
+      restored = self._read(step, abstract)
     except Exception as e:  # pylint: disable=broad-except  (tensorstore, json, missing files)
-      first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-      raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read "
-                            f"({type(e).__name__}: {first})") from e
+      try:
+        if jax.tree.structure(legacy) == jax.tree.structure(abstract):
+          raise
+        restored = self._read(step, legacy)
+      except Exception:  # pylint: disable=broad-except  (report the first failure)
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be "
+                              f"read ({type(e).__name__}: {first})") from e
+    else:
+      legacy = None
     meta = restored.meta
     if meta is None or int(meta.get("step", -1)) != step:
       raise CheckpointError(f"checkpoint step {step} in {self.directory} has no valid "
@@ -220,6 +234,8 @@ class Checkpointer:
             f"checkpoint step {step} in {self.directory} fails its checksums: "
             f"{len(bad)} array(s) differ from what was written ({', '.join(bad[:4])}"
             f"{', ...' if len(bad) > 4 else ''})")
+    if legacy is not None:
+      trees["state"] = qdot_state.from_legacy_dict_form(abstract_state, trees["state"])
     return Snapshot(state=trees["state"], rng=trees["rng"], step=int(meta["step"]),
                     data_position=int(meta["data_position"]),
                     record=meta.get("record", {}))

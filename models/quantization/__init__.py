@@ -157,7 +157,8 @@ def telemetry_scalars(numerics: Any = None, overwrite: Any = None
         overwrite, is_leaf=lambda x: isinstance(x, telemetry_lib.OperandTelemetry))[0]:
       if not isinstance(leaf, telemetry_lib.OperandTelemetry):
         continue
-      keys = [str(getattr(k, "key", k)) for k in path]
+      # Dict keys (layers) and State's field names (a GetAttrKey's .name).
+      keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
       if "telemetry" not in keys:
         continue
       i = keys.index("telemetry")

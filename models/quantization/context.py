@@ -136,11 +136,11 @@ def _make_key(ctx: Context, module: Any, rule: Rule, path: str, op_id: str):
 
 
 def _state(ctx: Context, module: Any, path: str, op_id: str, recipe: recipes_lib.Recipe
-           ) -> dict:
+           ) -> qdot.State:
   """The op's qdot state: delayed-scaling histories and backward telemetry probes."""
   telemetry = ctx.config.telemetry and recipe.quantized
   if not (recipe.delayed_operands or telemetry):
-    return {}
+    return qdot.State()
   if ctx.kind == "nnx":
     if recipe.delayed_operands:
       raise ValueError(f"{path or '<model>'}/{op_id}: recipe {recipe.name!r} uses delayed "

@@ -178,7 +178,7 @@ def test_linen_delayed_scaling_state_and_telemetry():
   variables = m.init(jax.random.key(1), x)
   state = variables[quantization.OVERWRITE]
   assert set(state) == {"hidden", "out"}  # delayed histories; mxfp8: telemetry probes
-  h0 = state["hidden"]["dot_general_0"]["delayed"]["forward/lhs"]
+  h0 = state["hidden"]["dot_general_0"].delayed.forward_lhs
   assert h0.amax_history.shape == (4,) and float(h0.scale) == 1.0
 
   def loss(params, overwrite):
@@ -188,7 +188,7 @@ def test_linen_delayed_scaling_state_and_telemetry():
 
   (grads, new_state), fwd = jax.grad(loss, argnums=(0, 1), has_aux=True)(
       variables["params"], state)
-  h1 = new_state["hidden"]["dot_general_0"]["delayed"]["forward/lhs"]
+  h1 = new_state["hidden"]["dot_general_0"].delayed.forward_lhs
   amax = float(jnp.max(jnp.abs(x)))
   np.testing.assert_array_equal(h1.amax_history, [0.0, 0.0, 0.0, amax])
   assert float(h1.scale) == np.float32(448.0) / np.float32(amax)

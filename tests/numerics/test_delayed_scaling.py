@@ -63,7 +63,7 @@ def _one_operand_recipe(side_gemm="forward", history_len=3):
 def test_qdot_carries_the_state_through_the_gradient():
   r = _one_operand_recipe()
   state = qdot.init_state(r)
-  assert list(state["delayed"]) == ["forward/lhs"]
+  assert [k for k, _ in state.delayed.items()] == ["forward_lhs"] and state.telemetry is None
   w = jnp.eye(4)
 
   def loss(state, x):
@@ -76,7 +76,7 @@ def test_qdot_carries_the_state_through_the_gradient():
     x = jnp.full((2, 4), a)
     state, out = jax.grad(loss, has_aux=True)(state, x)
     outs.append(float(out[0, 0]))
-    history.append(float(state["delayed"]["forward/lhs"].scale))
+    history.append(float(state.delayed.forward_lhs.scale))
   assert history == [224.0, 56.0, 56.0]
   # Step 0 used scale 1 (2 exact), step 1 scale 224 (8 * 224 saturates: 448/224 = 2),
   # step 2 scale 56 (4 * 56 = 224 exact).
@@ -93,7 +93,7 @@ def test_backward_operand_gets_its_amax_from_the_backward_pass():
     out, _ = qdot.quantized_dot_general_with_state(x, w, DN, r, state)
     return jnp.sum(out * g)
 
-  new = jax.grad(loss)(state)["delayed"]["dgrad/lhs"]
+  new = jax.grad(loss)(state).delayed.dgrad_lhs
   np.testing.assert_array_equal(new.amax_history, [0.0, 0.0, 7.0])
   assert float(new.scale) == E4M3_MAX / 7.0
 
@@ -103,13 +103,48 @@ def test_delayed_recipe_needs_its_state():
   with pytest.raises(ValueError, match="quantized_dot_general_with_state"):
     qdot.quantized_dot_general(x, x, DN, "fp8_delayed")
   with pytest.raises(ValueError, match="init_state"):
-    qdot.quantized_dot_general_with_state(x, x, DN, "fp8_delayed", {})
+    qdot.quantized_dot_general_with_state(x, x, DN, "fp8_delayed", qdot.State())
   s = qdot.init_state("fp8_delayed")
-  assert sorted(s["delayed"]) == ["dgrad/lhs", "dgrad/rhs", "forward/lhs", "forward/rhs",
-                                  "wgrad/lhs", "wgrad/rhs"]
-  assert s["delayed"]["forward/lhs"].amax_history.shape == (1024,)
+  assert [k for k, _ in s.delayed.items()] == list(qdot.OperandSlots._fields)
+  assert s.delayed.forward_lhs.amax_history.shape == (1024,)
   with pytest.raises(ValueError, match="delayed-scaling options"):
     recipes.OperandQuant("e4m3", amax_history_len=16)
   chex.assert_trees_all_equal_structs(
       jax.grad(lambda s: jnp.sum(qdot.quantized_dot_general_with_state(
           x, x, DN, "fp8_delayed", s)[0]))(s), s)
+
+
+def test_the_dict_state_of_earlier_releases_gives_the_same_bits_and_its_own_form():
+  """One release of compatibility: ``{"delayed": {"forward/lhs": ...}}`` is converted,
+  the result equals the typed state's and the gradient comes back as a dict."""
+  r = recipes.get("fp8_delayed")
+  typed = qdot.init_state(r, telemetry=True)
+  legacy = {part: {k.replace("_", "/"): v for k, v in getattr(typed, part).items()}
+            for part in ("delayed", "telemetry")}
+  x = jax.random.normal(jax.random.key(0), (8, 16))
+  w = jax.random.normal(jax.random.key(1), (16, 4))
+
+  def loss(state):
+    out, tel = qdot.quantized_dot_general_with_state(x, w, DN, r, state)
+    return jnp.sum(out ** 2), (out, tel)
+
+  g_typed, (out_typed, tel_typed) = jax.grad(loss, has_aux=True)(typed)
+  g_legacy, (out_legacy, tel_legacy) = jax.grad(loss, has_aux=True)(legacy)
+  np.testing.assert_array_equal(out_typed, out_legacy)
+  chex.assert_trees_all_equal(tel_typed, tel_legacy)
+  assert isinstance(g_typed, qdot.State) and isinstance(g_legacy, dict)
+  for part in ("delayed", "telemetry"):
+    for field, value in getattr(g_typed, part).items():
+      chex.assert_trees_all_equal(value, g_legacy[part][field.replace("_", "/")])
+
+
+def test_a_state_that_is_not_one_raises_naming_what_it_got():
+  x = jnp.ones((4, 4))
+  with pytest.raises(ValueError, match=r"keys \['delayed', 'extra'\]"):
+    qdot.quantized_dot_general_with_state(x, x, DN, "fp8_delayed",
+                                          {"delayed": {}, "extra": {}})
+  with pytest.raises(ValueError, match="'<gemm>/<side>'"):
+    qdot.quantized_dot_general_with_state(x, x, DN, "fp8_delayed",
+                                          {"delayed": {"forward/middle": None}})
+  with pytest.raises(ValueError, match="got list"):
+    qdot.quantized_dot_general_with_state(x, x, DN, "fp8_delayed", [])

@@ -72,7 +72,9 @@ def test_quantized_dot_general_reports_every_operand():
   g = jax.random.normal(jax.random.key(2), (64, 32))
   r = recipes.get("mxfp8")
   state = qdot.init_state(r, telemetry=True)
-  assert sorted(state["telemetry"]) == ["dgrad/lhs", "dgrad/rhs", "wgrad/lhs", "wgrad/rhs"]
+  assert [k for k, _ in state.telemetry.items()] == ["dgrad_lhs", "dgrad_rhs", "wgrad_lhs",
+                                                   "wgrad_rhs"]
+  assert state.delayed is None
 
   def loss(state):
     out, fwd = qdot.quantized_dot_general_with_state(x, w, DN, r, state)
@@ -86,7 +88,7 @@ def test_quantized_dot_general_reports_every_operand():
           "dgrad/rhs": (w, spec("dgrad", "rhs", (-1, -2))),
           "wgrad/lhs": (x, spec("wgrad", "lhs", (-2, -1))),
           "wgrad/rhs": (g, spec("wgrad", "rhs", (-2, -1)))}
-  got = {**fwd, **bwd["telemetry"]}
+  got = {**fwd, **{k.replace("_", "/"): t for k, t in bwd.telemetry.items()}}
   assert sorted(got) == sorted(want)
   for slot, (a, sp) in want.items():
     a = a[None]  # qdot's canonical (batch, rows, cols) operands
