@@ -27,7 +27,6 @@ from lowprec.numerics import recipes as recipes_lib
 from lowprec.numerics import telemetry as telemetry_lib
 
 
-
 class OperandSlots(NamedTuple):
   """One entry per operand of a call site's forward, dgrad and wgrad GEMMs; None for an
   operand that has none (unquantized, not delayed, or a forward operand's telemetry,
