@@ -204,22 +204,21 @@ class Checkpointer:
                             f"{self.all_steps()})")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                             {"state": abstract_state, "rng": abstract_rng})
-    # A checkpoint written before qdot.State holds its quantized layers' states as
-    # dicts: read into that form and converted (kept for one release).
-    legacy = qdot_state.legacy_dict_form(abstract)
+    legacy = False
     try:
       restored = self._read(step, abstract)
     except Exception as e:  # pylint: disable=broad-except  (tensorstore, json, missing files)
+      # A checkpoint written before qdot.State holds its quantized layers' states as
+      # dicts: read into that form and converted (kept for one release).
+      dicts = qdot_state.legacy_dict_form(abstract)
       try:
-        if jax.tree.structure(legacy) == jax.tree.structure(abstract):
+        if jax.tree.structure(dicts) == jax.tree.structure(abstract):
           raise
-        restored = self._read(step, legacy)
+        restored, legacy = self._read(step, dicts), True
       except Exception:  # pylint: disable=broad-except  (report the first failure)
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be "
                               f"read ({type(e).__name__}: {first})") from e
-    else:
-      legacy = None
     meta = restored.meta
     if meta is None or int(meta.get("step", -1)) != step:
       raise CheckpointError(f"checkpoint step {step} in {self.directory} has no valid "
@@ -234,7 +233,7 @@ class Checkpointer:
             f"checkpoint step {step} in {self.directory} fails its checksums: "
             f"{len(bad)} array(s) differ from what was written ({', '.join(bad[:4])}"
             f"{', ...' if len(bad) > 4 else ''})")
-    if legacy is not None:
+    if legacy:
       trees["state"] = qdot_state.from_legacy_dict_form(abstract_state, trees["state"])
     return Snapshot(state=trees["state"], rng=trees["rng"], step=int(meta["step"]),
                     data_position=int(meta["data_position"]),
