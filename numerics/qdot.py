@@ -200,7 +200,7 @@ def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, o
 
 def _delayed(delayed: qdot_state.OperandSlots | None, gemm: str, side: str):
   """The operand's delayed-scaling state, or None."""
-  return None if delayed is None else getattr(delayed, qdot_state.slot(gemm, side))
+  return None if delayed is None else getattr(delayed, qdot_state.slot(f"{gemm}/{side}"))
 
 
 # Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation).

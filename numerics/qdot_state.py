@@ -50,10 +50,16 @@ class State(NamedTuple):
   telemetry: OperandSlots | None = None
 
 
-def slot(gemm: str, side: str) -> str:
-  """The :class:`OperandSlots` field of one operand: ``slot("dgrad", "lhs")`` is
-  ``"dgrad_lhs"``."""
-  return f"{gemm}_{side}"
+def slot(name: str) -> str:
+  """The :class:`OperandSlots` field of the operand ``"<gemm>/<side>"``:
+  ``slot("dgrad/lhs")`` is ``"dgrad_lhs"``."""
+  return name.replace("/", "_")
+
+
+def operand_name(field: str) -> str:
+  """The inverse of :func:`slot`: ``"dgrad/lhs"`` for ``"dgrad_lhs"``, the operand's key
+  in the returned telemetry and in ``Recipe.delayed_operands``."""
+  return field.replace("_", "/")
 
 
 def as_state(state: State | dict) -> State:
@@ -65,7 +71,7 @@ def as_state(state: State | dict) -> State:
   if isinstance(state, dict) and not set(state) - {"delayed", "telemetry"}:
     try:
       return State(*(None if state.get(part) is None else OperandSlots(
-          **{name.replace("/", "_"): v for name, v in state[part].items()})
+          **{slot(name): v for name, v in state[part].items()})
                      for part in State._fields))
     except TypeError as e:
       raise ValueError(f"state: a dict state's operands must be '<gemm>/<side>' "
@@ -87,7 +93,7 @@ def legacy_dict_form(tree: Any) -> Any:
   def to_dict(s):
     if not isinstance(s, State):
       return s
-    return {part: {k.replace("_", "/"): v for k, v in getattr(s, part).items()}
+    return {part: {operand_name(k): v for k, v in getattr(s, part).items()}
             for part in State._fields if getattr(s, part) is not None}
 
   return jax.tree.map(to_dict, tree, is_leaf=_is_state)
@@ -120,9 +126,10 @@ def next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict
   if state.delayed is not None:
     nxt = {}
     for field, s in state.delayed.items():
-      gemm, side = field.split("_")
+      name = operand_name(field)
+      gemm, side = name.split("/")
       op = getattr(getattr(recipe, gemm), side)
-      amax = amaxes[f"{gemm}/{side}"]
+      amax = amaxes[name]
       axes = excess_axes(amax, s.scale)
       if axes:
         amax = lax.pmax(amax, axes)
@@ -132,7 +139,7 @@ def next_state(recipe: recipes_lib.Recipe, state: State, amaxes: dict, tel: dict
   if state.telemetry is not None:
     nxt = {}
     for field, like in state.telemetry.items():
-      name = field.replace("_", "/")
+      name = operand_name(field)
       axes = excess_axes(tel[name].sqnr_db, like.sqnr_db)
       if axes:
         raise ValueError(
@@ -177,10 +184,10 @@ def init_state(recipe: str | recipes_lib.Recipe, *, telemetry: bool = False) -> 
     for name in r.delayed_operands:
       gemm, side = name.split("/")
       op = getattr(getattr(r, gemm), side)
-      fields[slot(gemm, side)] = delayed_scaling.init_state(op.amax_history_len)
+      fields[slot(name)] = delayed_scaling.init_state(op.amax_history_len)
     delayed = OperandSlots(**fields)
   if telemetry:
-    tel = OperandSlots(**{slot(g, s): telemetry_lib.zeros()
+    tel = OperandSlots(**{slot(f"{g}/{s}"): telemetry_lib.zeros()
                           for g, s in _operand_slots(r) if g != "forward"})
   return State(delayed, tel)
 
@@ -188,7 +195,7 @@ def init_state(recipe: str | recipes_lib.Recipe, *, telemetry: bool = False) -> 
 def check_state(r: recipes_lib.Recipe, state: State) -> None:
   """Raises unless ``state`` (a :class:`State`) holds exactly ``r``'s delayed-scaling
   operands."""
-  have = sorted(k.replace("_", "/") for k, _ in
+  have = sorted(operand_name(k) for k, _ in
                 (state.delayed.items() if state.delayed is not None else ()))
   if have != sorted(r.delayed_operands):
     raise ValueError(f"recipe {r.name!r} has delayed-scaling operands "
