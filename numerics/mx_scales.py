@@ -42,18 +42,9 @@ MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
 
 
 def _floor_log2(bits: jax.Array) -> jax.Array:
-  """floor(log2 v) for positive finite float32 bits (subnormals by leading zeros)."""
-  e32 = (bits >> 23).astype(jnp.int32)
-  sub = _I(31) - float_bits.leading_zeros(bits & _U(0x7FFFFF)) - _I(149)
-  return jnp.where(e32 > 0, e32 - 127, sub)
-
-
-def _normalized_sig(bits: jax.Array) -> jax.Array:
-  """24-bit significand with its leading one at bit 23 (subnormals shifted up)."""
-  e32 = bits >> 23
-  sub = bits << jnp.clip(float_bits.leading_zeros(bits & _U(0x7FFFFF)) - 8, 0,
-                         31).astype(jnp.uint32)
-  return jnp.where(e32 > 0, (bits & _U(0x7FFFFF)) | _U(0x800000), sub)
+  """floor(log2 v) (int32) of finite float32 magnitude bits, subnormals included
+  (:func:`numerics.float_bits.split_bits`'s exponent)."""
+  return float_bits.split_bits(bits)[1]
 
 
 def _round_amax_mantissa(bits: jax.Array, keep: int) -> jax.Array:
@@ -78,13 +69,12 @@ def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
   if scale_rule == "floor":
     e = _floor_log2(amax_bits) - fmt.emax
   elif scale_rule == "ceil":
-    sig = _normalized_sig(amax_bits)
-    e = (_floor_log2(amax_bits) - fmt.emax
-         + (sig != _U(0x800000)).astype(jnp.int32))
+    sig, eb = float_bits.split_bits(amax_bits)
+    e = eb - fmt.emax + (sig != _U(0x800000)).astype(jnp.int32)
   elif scale_rule == "rceil":
-    e0 = _floor_log2(amax_bits) - fmt.emax
+    sig, eb = float_bits.split_bits(amax_bits)
     max_sig = _U((np.float32(fmt.max).view(np.uint32) & 0x7FFFFF) | 0x800000)
-    e = e0 + (_normalized_sig(amax_bits) > max_sig).astype(jnp.int32)
+    e = eb - fmt.emax + (sig > max_sig).astype(jnp.int32)
   elif scale_rule == "even":
     e = _floor_log2(_round_amax_mantissa(amax_bits, m)) - fmt.emax
   elif scale_rule == "alto":
