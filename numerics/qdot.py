@@ -129,7 +129,7 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   key = key if op.rounding == "stochastic" else None
   if op.prescale != 1.0:
     x = x * np.float32(op.prescale)
-  if op.scaling == "delayed":
+  if isinstance(op, recipes_lib.DelayedQuant):
     if delayed is None:
       raise ValueError("a delayed-scaling operand needs its state: use "
                        "quantized_dot_general_with_state")
@@ -496,7 +496,7 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   op = recipes_lib.get(recipe).forward.rhs
   if op is not None and op.rounding == "stochastic":
     raise ValueError("forward_weight_quantizer needs a deterministic weight rounding")
-  if op is not None and op.scaling == "delayed":
+  if isinstance(op, recipes_lib.DelayedQuant):
     raise ValueError("forward_weight_quantizer needs a stateless weight quantizer; "
                      "delayed scaling keeps state")
 

@@ -11,11 +11,13 @@ wgrad      ``dW = X^T dO``        X       dO      tokens (M)
 =========  =====================  ======  ======  ===================
 
 Each operand of each GEMM has an :class:`OperandQuant` (or ``None``: not quantized,
-only cast to the recipe's compute dtype). Its ``block_shape`` is an int for 1D blocks
-along that GEMM's contraction axis, or ``(b_contraction, b_free)`` for tiles over the
-operand's (contraction, free) axes; square tiles quantize a matrix and its transpose the
-same way. ``scaling="tensor"`` is one float32 scale per tensor from the current amax;
-``scaling="delayed"`` is Transformer Engine's delayed scaling (a scale from an amax
+only cast to the recipe's compute dtype), one class per scaling mode
+(:mod:`numerics.operand_quant`, also named here): :class:`MXQuant` and
+:class:`NVFP4Quant` block scaling, whose ``block_shape`` is an int for 1D blocks along
+that GEMM's contraction axis, or ``(b_contraction, b_free)`` for tiles over the
+operand's (contraction, free) axes (square tiles quantize a matrix and its transpose the
+same way); :class:`TensorQuant`, one float32 scale per tensor from the current amax;
+:class:`DelayedQuant`, Transformer Engine's delayed scaling (a scale from an amax
 history carried between steps, :mod:`numerics.delayed_scaling`), which needs
 :func:`numerics.qdot.quantized_dot_general_with_state`. ``GemmRecipe.hadamard`` applies
 a randomized Hadamard transform of that size to both operands along the contraction
@@ -59,181 +61,16 @@ Build a custom recipe with :class:`Recipe` directly or :func:`replace`;
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-import numpy as np
-
 from lowprec.numerics import accumulation as accumulation_lib
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import quantizer
-from lowprec.numerics import rounding as rounding_lib
+from lowprec.numerics import operand_quant
+# The operand quantizers live in numerics.operand_quant; recipes name them here too.
+from lowprec.numerics.operand_quant import (DelayedQuant, MXQuant, NVFP4Quant,
+                                            OperandQuant, TensorQuant)
 
-Scaling = Literal["block", "tensor", "delayed"]
+Scaling = operand_quant.Scaling
 COMPUTE_DTYPES = ("bf16", "fp32")
-_DELAYED_DEFAULTS = dict(amax_history_len=1024, amax_compute_algo="max", margin=0)
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class OperandQuant:
-  """How one operand of one GEMM is quantized.
-
-  Attributes:
-    fmt: element format name (an MX element format or ``nvfp4`` for block scaling; any
-      format for ``tensor``/``delayed`` scaling).
-    scaling: ``block`` (MX / NVFP4 block scales), ``tensor`` (one float32 scale per
-      tensor, ``max / amax``, then an element-wise cast) or ``delayed`` (Transformer
-      Engine's delayed scaling: the scale comes from an amax history carried between
-      steps; see :mod:`numerics.delayed_scaling`).
-    block_shape: ``block`` only: an int (1D blocks along the contraction axis; default
-      32 for MX, 16 for NVFP4) or ``(b_contraction, b_free)`` tiles.
-    scale_rule: MX scale rule (see :mod:`numerics.blockscale`).
-    rounding: ``nearest`` or ``stochastic`` (or ``toward_zero``).
-    rand_bits: random bits per element for stochastic rounding (None: all).
-    prescale: static clipping (ALTO): the operand is multiplied by this before
-      quantization and the GEMM's output divided by the product of its operands'
-      prescales (so the GEMM still multiplies exact MX values). 1: off.
-    clip: ``none``, or ``rms`` (dynamic QuEST-style clipping of each block at
-      2.922 x its RMS before quantization, :mod:`numerics.clipping`).
-    macro_block: a float32 macro-block scale above the MX scales
-      (:mod:`numerics.macro_scaling`): 1 x macro_block along the contraction axis for
-      1D blocks, macro_block tiles for 2D; a multiple of the block. None: off.
-    amax_history_len, amax_compute_algo, margin: ``delayed`` only, Transformer
-      Engine's ``DelayedScaling`` fields (history length, ``max`` or
-      ``most_recent``, and the scale's power-of-two margin).
-    convention: NVFP4's scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
-    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
-      operand's tensor amax is reduced (``nvfp4`` and ``tensor`` scaling only; see
-      :class:`numerics.quantizer.QuantSpec` and :func:`with_amax_axis_name`).
-  """
-
-  fmt: str
-  scaling: Scaling = "block"
-  block_shape: int | tuple[int, ...] | None = None
-  scale_rule: str = "floor"
-  rounding: str = "nearest"
-  rand_bits: int | None = None
-  prescale: float = 1.0
-  clip: Literal["none", "rms"] = "none"
-  macro_block: int | None = None
-  amax_history_len: int = _DELAYED_DEFAULTS["amax_history_len"]
-  amax_compute_algo: Literal["max", "most_recent"] = _DELAYED_DEFAULTS["amax_compute_algo"]
-  margin: int = _DELAYED_DEFAULTS["margin"]
-  convention: str = "te"
-  amax_axis_name: str | tuple[str, ...] | None = None
-
-  def __post_init__(self):
-    if self.fmt != "nvfp4":
-      formats_lib.get(self.fmt)
-    if self.scaling not in ("block", "tensor", "delayed"):
-      raise ValueError(f"scaling must be 'block', 'tensor' or 'delayed', got "
-                       f"{self.scaling!r}")
-    if self.scaling == "block":
-      if self.fmt not in blockscale.MX_ELEMENT_FORMATS + ("nvfp4",):
-        raise ValueError(f"block scaling needs an MX element format or nvfp4, got "
-                         f"{self.fmt!r}")
-      default = blockscale.NVFP4_BLOCK if self.fmt == "nvfp4" else blockscale.MX_BLOCK
-      blocks, _ = blockscale.canonical_block(self.block_shape, None, default)
-      if len(blocks) > 2:
-        raise ValueError(f"an operand's block_shape is an int or (b_contraction, "
-                         f"b_free), got {self.block_shape!r}")
-      if self.fmt == "nvfp4" and any(b != blockscale.NVFP4_BLOCK for b in blocks):
-        raise ValueError(f"nvfp4 blocks are {blockscale.NVFP4_BLOCK} long, got "
-                         f"block_shape={self.block_shape!r}")
-      object.__setattr__(self, "block_shape", blocks[0] if len(blocks) == 1 else blocks)
-    else:
-      if self.fmt == "nvfp4":
-        raise ValueError(f"nvfp4 is block-scaled, got scaling={self.scaling!r}")
-      if self.block_shape is not None:
-        raise ValueError(f"block_shape describes blocks; scaling={self.scaling!r} has "
-                         f"none")
-    if self.fmt == "nvfp4" and self.scale_rule != "floor":
-      raise ValueError("nvfp4 has no MX scale rule (see convention)")
-    if self.scaling != "block" and self.scale_rule != "floor":
-      raise ValueError(f"scale_rule is an MX option, got scaling={self.scaling!r}")
-    if self.fmt != "nvfp4" and self.convention != "te":
-      raise ValueError(f"convention is an nvfp4 option, got fmt={self.fmt!r}")
-    if self.convention not in blockscale.NVFP4_CONVENTIONS:
-      raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
-                       f"{self.convention!r}")
-    object.__setattr__(self, "amax_axis_name", blockscale.check_amax_axis_name(
-        self.amax_axis_name, "OperandQuant"))
-    if self.amax_axis_name is not None and not (self.fmt == "nvfp4"
-                                                or self.scaling == "tensor"):
-      raise ValueError(f"amax_axis_name reduces a tensor amax, which only nvfp4 and "
-                       f"scaling='tensor' operands take; got fmt={self.fmt!r}, "
-                       f"scaling={self.scaling!r}")
-    if self.rounding not in rounding_lib.ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}")
-    rounding_lib.check_rand_bits(self.rand_bits)
-    if self.rand_bits is not None and self.rounding != "stochastic":
-      raise ValueError("rand_bits is used by rounding='stochastic' only")
-    if self.scale_rule not in blockscale.SCALE_RULES:
-      raise ValueError(f"unknown scale_rule {self.scale_rule!r}")
-    if not (0 < self.prescale < float("inf")):
-      raise ValueError(f"prescale must be positive and finite, got {self.prescale}")
-    if self.clip not in ("none", "rms"):
-      raise ValueError(f"clip must be 'none' or 'rms', got {self.clip!r}")
-    mx_only = self.clip != "none" or self.macro_block is not None
-    if mx_only and (self.scaling != "block" or self.fmt == "nvfp4"):
-      raise ValueError("clip and macro_block apply to MX block quantizers only")
-    if self.macro_block is not None:
-      if not _is_int(self.macro_block) or any(
-          self.macro_block < b or self.macro_block % b for b in self.block_extents):
-        raise ValueError(f"macro_block must be a multiple of block_shape="
-                         f"{self.block_shape}, got {self.macro_block}")
-    if self.scaling == "delayed":
-      if not _is_int(self.amax_history_len) or self.amax_history_len < 1:
-        raise ValueError(f"amax_history_len must be a positive int, got "
-                         f"{self.amax_history_len!r}")
-      if self.amax_compute_algo not in ("max", "most_recent"):
-        raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got "
-                         f"{self.amax_compute_algo!r}")
-      if not _is_int(self.margin) or self.margin < 0:
-        raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
-    elif any(getattr(self, k) != v for k, v in _DELAYED_DEFAULTS.items()):
-      raise ValueError(f"amax_history_len, amax_compute_algo and margin are delayed-"
-                       f"scaling options, got scaling={self.scaling!r}")
-
-  @property
-  def block_extents(self) -> tuple[int, ...]:
-    """``(b,)`` for 1D blocks, ``(b_contraction, b_free)`` for tiles, () without blocks."""
-    if self.block_shape is None:
-      return ()
-    return self.block_shape if isinstance(self.block_shape, tuple) else (self.block_shape,)
-
-  @property
-  def is_2d(self) -> bool:
-    return len(self.block_extents) == 2
-
-  def blocks(self, contract_axis: int, free_axis: int, extent: int | None = None
-             ) -> dict:
-    """Block layout keyword arguments (``block_shape``/``axis``/``pad``) of this
-    operand's blocks, or of blocks of ``extent`` (e.g. the macro blocks)."""
-    if self.is_2d:
-      shape = self.block_shape if extent is None else (extent, extent)
-      return dict(block_shape=shape, axis=(contract_axis, free_axis), pad=True)
-    b = self.block_extents[0] if extent is None else extent
-    return dict(block_shape=b, axis=contract_axis, pad=True)
-
-  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
-    """The :class:`QuantSpec` for an operand with these (negative) axes (not for
-    ``delayed`` scaling, whose scale is state)."""
-    if self.scaling == "delayed":
-      raise ValueError("a delayed-scaling operand has no stateless QuantSpec")
-    if self.scaling == "tensor":
-      return quantizer.QuantSpec(fmt=self.fmt, scaling="tensor", rounding=self.rounding,
-                                 rand_bits=self.rand_bits,
-                                 amax_axis_name=self.amax_axis_name)
-    extra = (dict(convention=self.convention, amax_axis_name=self.amax_axis_name)
-             if self.fmt == "nvfp4" else dict(scale_rule=self.scale_rule))
-    return quantizer.QuantSpec(fmt=self.fmt, rounding=self.rounding,
-                               rand_bits=self.rand_bits,
-                               **self.blocks(contract_axis, free_axis), **extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +90,7 @@ class GemmRecipe:
         raise TypeError(f"GemmRecipe.{side} must be an OperandQuant or None, got "
                         f"{type(op).__name__}")
     h = self.hadamard
-    if h is not None and (not _is_int(h) or h < 1 or h & (h - 1)):
+    if h is not None and (not operand_quant.is_int(h) or h < 1 or h & (h - 1)):
       raise ValueError(f"hadamard must be a power of two (the RHT size), got {h!r}")
     if self.accumulation is not None and not isinstance(
         self.accumulation, accumulation_lib.Accumulation):
@@ -296,7 +133,7 @@ class Recipe:
       if not (w.is_2d and w.block_extents[0] == w.block_extents[1]):
         raise ValueError("reusing the forward weight in dgrad is only consistent with "
                          "square 2D tiles (1D blocks run along K, dgrad contracts over N)")
-      if w.scaling == "delayed":
+      if isinstance(w, DelayedQuant):
         raise ValueError("a delayed-scaling forward weight cannot be reused in dgrad")
     if self.compute_dtype not in COMPUTE_DTYPES:
       raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got "
@@ -307,8 +144,8 @@ class Recipe:
                        "compute_dtype='fp32'")
     if self.dge_k is not None:
       w = self.forward.rhs
-      if (w is None or w.scaling != "block" or w.fmt == "nvfp4"
-          or formats_lib.get(w.fmt).kind != "float" or w.macro_block is not None):
+      if (not isinstance(w, MXQuant) or formats_lib.get(w.fmt).kind != "float"
+          or w.macro_block is not None):
         raise ValueError("DGE needs an MX float forward weight quantizer without "
                          "macro blocks")
       if self.dge_k < 1 or not self.dge_clamp > 0:
@@ -335,11 +172,11 @@ class Recipe:
     """``"<gemm>/<side>"`` of every delayed-scaling operand (they carry state)."""
     return tuple(f"{name}/{side}" for name, g in zip(GEMM_NAMES, self.gemms)
                  for side in ("lhs", "rhs")
-                 if getattr(g, side) is not None and getattr(g, side).scaling == "delayed")
+                 if isinstance(getattr(g, side), DelayedQuant))
 
 
 def _mx(fmt, rule, **kw):
-  return OperandQuant(fmt=fmt, scale_rule=rule, **kw)
+  return MXQuant(fmt=fmt, scale_rule=rule, **kw)
 
 
 def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
@@ -355,18 +192,17 @@ def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
 
 
 def _nvfp4() -> Recipe:
-  x = OperandQuant(fmt="nvfp4")
-  w = OperandQuant(fmt="nvfp4", block_shape=(16, 16))
-  do = OperandQuant(fmt="nvfp4", rounding="stochastic")
+  x = NVFP4Quant()
+  w = NVFP4Quant(block_shape=(16, 16))
+  do = NVFP4Quant(rounding="stochastic")
   return Recipe(name="nvfp4", forward=GemmRecipe(lhs=x, rhs=w),
                 dgrad=GemmRecipe(lhs=do, rhs=None),
                 wgrad=GemmRecipe(lhs=x, rhs=do, hadamard=16),
                 reuse_forward_weight=True)
 
 
-def _fp8(name: str, scaling: str) -> Recipe:
-  a = OperandQuant(fmt="e4m3", scaling=scaling)
-  g = OperandQuant(fmt="e5m2", scaling=scaling)
+def _fp8(name: str, kind: type[TensorQuant] | type[DelayedQuant]) -> Recipe:
+  a, g = kind(fmt="e4m3"), kind(fmt="e5m2")
   return Recipe(name=name, forward=GemmRecipe(lhs=a, rhs=a),
                 dgrad=GemmRecipe(lhs=g, rhs=a), wgrad=GemmRecipe(lhs=a, rhs=g),
                 compute_dtype="fp32")
@@ -382,8 +218,8 @@ _RECIPES: dict[str, Recipe] = {
     r.name: r for r in (
         Recipe(name="fp32", compute_dtype="fp32"),
         Recipe(name="bf16"),
-        _fp8("fp8", "tensor"),
-        _fp8("fp8_delayed", "delayed"),
+        _fp8("fp8", TensorQuant),
+        _fp8("fp8_delayed", DelayedQuant),
         _mxfp8(),
         _mxfp4("mxfp4_1d2d", rht=False, sr=False),
         _mxfp4("mxfp4_rht", rht=True, sr=False),
@@ -395,7 +231,7 @@ _RECIPES: dict[str, Recipe] = {
 
 def _map_operands(recipe: Recipe, **changes) -> dict:
   return {name: dataclasses.replace(g, **{
-      side: (None if op is None else dataclasses.replace(op, **changes))
+      side: (None if op is None else operand_quant.replace(op, **changes))
       for side, op in (("lhs", g.lhs), ("rhs", g.rhs))})
           for name, g in (("forward", recipe.forward), ("dgrad", recipe.dgrad),
                           ("wgrad", recipe.wgrad))}
@@ -458,9 +294,9 @@ def with_amax_axis_name(recipe: str | Recipe,
     raise ValueError("with_amax_axis_name needs a mesh axis name, got None")
 
   def change(op):
-    if op is None or not (op.fmt == "nvfp4" or op.scaling == "tensor"):
+    if not isinstance(op, (NVFP4Quant, TensorQuant)):
       return op
-    return dataclasses.replace(op, amax_axis_name=amax_axis_name)
+    return operand_quant.replace(op, amax_axis_name=amax_axis_name)
 
   gemms = {name: dataclasses.replace(g, lhs=change(g.lhs), rhs=change(g.rhs))
            for name, g in zip(GEMM_NAMES, r.gemms)}

@@ -1,0 +1,370 @@
+"""How one GEMM operand is quantized: one class per scaling mode.
+
+* :class:`MXQuant`: OCP MX block scaling: an MX element format (``e4m3``, ``e2m1``,
+  ``int8``, ...) with one E8M0 scale per block (an MX scale rule), optional ALTO
+  static clipping (``prescale``), QuEST dynamic clipping (``clip="rms"``) and a
+  float32 macro-block scale above the block scales (``macro_block``).
+* :class:`NVFP4Quant`: NVFP4: E2M1 elements, E4M3 block scales of 16 and a float32
+  tensor scale (``convention`` ``te`` or ``torchao``; the tensor amax reduced over
+  ``amax_axis_name`` inside ``jax.shard_map``).
+* :class:`TensorQuant`: one float32 scale per tensor from its current amax (``max /
+  amax``), then an element-wise cast to ``fmt``.
+* :class:`DelayedQuant`: Transformer Engine's delayed scaling: the scale comes from an
+  amax history carried between steps (:mod:`numerics.delayed_scaling`).
+
+All four are :class:`OperandQuant`, and each holds only the options its mode has, so a
+bad mix (an NVFP4 operand with an MX scale rule, a tensor-scaled one with blocks)
+cannot be built: the constructor has no such argument. Reading an option another mode
+has gives its neutral value (an :class:`NVFP4Quant`'s ``clip`` is ``"none"``, its
+``scaling`` ``"block"``), so code that reads operands generically works on all four.
+
+``OperandQuant(fmt, scaling="block", ...)``, the single class of earlier releases, still
+builds the right one of the four for one release (``scaling`` and ``fmt`` pick it) and
+raises ``ValueError`` naming an option the mode does not take; :func:`replace` changes
+options the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from lowprec.numerics import blockscale
+from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import quantizer
+from lowprec.numerics import rounding as rounding_lib
+
+Scaling = Literal["block", "tensor", "delayed"]
+SCALINGS = ("block", "tensor", "delayed")
+_DELAYED_DEFAULTS = dict(amax_history_len=1024, amax_compute_algo="max", margin=0)
+# The old single class's arguments, in its order (positional calls keep working).
+_OLD_FIELDS = ("fmt", "scaling", "block_shape", "scale_rule", "rounding", "rand_bits",
+               "prescale", "clip", "macro_block", "amax_history_len",
+               "amax_compute_algo", "margin", "convention", "amax_axis_name")
+
+
+def is_int(v) -> bool:
+  """An int (numpy's included), not a bool: the type of sizes and counts in options."""
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+class _BuildsItsKind(type):
+  """``OperandQuant(...)`` called directly builds the class its ``scaling`` and ``fmt``
+  name (the earlier single-class constructor); the four classes construct as usual."""
+
+  def __call__(cls, *args, **kwargs):
+    if cls is OperandQuant:
+      return _build(*args, **kwargs)
+    return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandQuant(metaclass=_BuildsItsKind):
+  """How one operand of one GEMM is quantized: an :class:`MXQuant`,
+  :class:`NVFP4Quant`, :class:`TensorQuant` or :class:`DelayedQuant`.
+
+  Attributes common to all: ``rounding`` (``nearest``, ``stochastic`` or
+  ``toward_zero``), ``rand_bits`` (random bits per element for stochastic rounding;
+  None: all) and ``prescale`` (ALTO's static clipping: the operand is multiplied by it
+  before quantization and the GEMM's output divided by the product of its operands'
+  prescales, so the GEMM still multiplies exact quantized values; 1: off).
+  """
+
+  scaling: ClassVar[str]
+  # The neutral value of every option, for the modes that do not have it.
+  block_shape = None
+  scale_rule = "floor"
+  rounding = "nearest"
+  rand_bits = None
+  prescale = 1.0
+  clip = "none"
+  macro_block = None
+  amax_history_len = _DELAYED_DEFAULTS["amax_history_len"]
+  amax_compute_algo = _DELAYED_DEFAULTS["amax_compute_algo"]
+  margin = _DELAYED_DEFAULTS["margin"]
+  convention = "te"
+  amax_axis_name = None
+
+  def _check_common(self) -> None:
+    if self.rounding not in rounding_lib.ROUNDINGS:
+      raise ValueError(f"unknown rounding {self.rounding!r}")
+    rounding_lib.check_rand_bits(self.rand_bits)
+    if self.rand_bits is not None and self.rounding != "stochastic":
+      raise ValueError("rand_bits is used by rounding='stochastic' only")
+    if not (0 < self.prescale < float("inf")):
+      raise ValueError(f"prescale must be positive and finite, got {self.prescale}")
+
+  @property
+  def block_extents(self) -> tuple[int, ...]:
+    """``(b,)`` for 1D blocks, ``(b_contraction, b_free)`` for tiles, () without blocks."""
+    if self.block_shape is None:
+      return ()
+    return self.block_shape if isinstance(self.block_shape, tuple) else (self.block_shape,)
+
+  @property
+  def is_2d(self) -> bool:
+    return len(self.block_extents) == 2
+
+  def blocks(self, contract_axis: int, free_axis: int, extent: int | None = None
+             ) -> dict:
+    """Block layout keyword arguments (``block_shape``/``axis``/``pad``) of this
+    operand's blocks, or of blocks of ``extent`` (e.g. the macro blocks)."""
+    if self.is_2d:
+      shape = self.block_shape if extent is None else (extent, extent)
+      return dict(block_shape=shape, axis=(contract_axis, free_axis), pad=True)
+    b = self.block_extents[0] if extent is None else extent
+    return dict(block_shape=b, axis=contract_axis, pad=True)
+
+  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
+    """The :class:`QuantSpec` for an operand with these (negative) axes."""
+    raise NotImplementedError
+
+  def options(self) -> dict[str, Any]:
+    """Every option of the earlier single class (``fmt`` and ``scaling`` included),
+    neutral values where this mode has none: ``OperandQuant(**op.options()) == op``."""
+    return {name: getattr(self, name) for name in _OLD_FIELDS}
+
+
+def _block_shape(block_shape, default: int):
+  blocks, _ = blockscale.canonical_block(block_shape, None, default)
+  if len(blocks) > 2:
+    raise ValueError(f"an operand's block_shape is an int or (b_contraction, "
+                     f"b_free), got {block_shape!r}")
+  return blocks, (blocks[0] if len(blocks) == 1 else blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXQuant(OperandQuant):
+  """An MX block-scaled operand.
+
+  Attributes:
+    fmt: an MX element format (``blockscale.MX_ELEMENT_FORMATS``).
+    block_shape: an int (1D blocks along the contraction axis; default 32) or
+      ``(b_contraction, b_free)`` tiles.
+    scale_rule: the MX scale rule (``blockscale.SCALE_RULES``).
+    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    clip: ``none``, or ``rms`` (QuEST-style dynamic clipping of each block at 2.922 x
+      its RMS before quantization, :mod:`numerics.clipping`).
+    macro_block: a float32 macro-block scale above the MX scales
+      (:mod:`numerics.macro_scaling`): 1 x macro_block along the contraction axis for
+      1D blocks, macro_block tiles for 2D; a multiple of the block. None: off.
+  """
+
+  scaling: ClassVar[str] = "block"
+  fmt: str
+  block_shape: int | tuple[int, ...] | None = None
+  scale_rule: str = "floor"
+  rounding: str = "nearest"
+  rand_bits: int | None = None
+  prescale: float = 1.0
+  clip: Literal["none", "rms"] = "none"
+  macro_block: int | None = None
+
+  def __post_init__(self):
+    if self.fmt == "nvfp4":
+      raise ValueError("nvfp4 operands are NVFP4Quant (MXQuant takes MX element "
+                       "formats)")
+    formats_lib.get(self.fmt)
+    if self.fmt not in blockscale.MX_ELEMENT_FORMATS:
+      raise ValueError(f"block scaling needs an MX element format or nvfp4, got "
+                       f"{self.fmt!r}")
+    blocks, canonical = _block_shape(self.block_shape, blockscale.MX_BLOCK)
+    object.__setattr__(self, "block_shape", canonical)
+    self._check_common()
+    if self.scale_rule not in blockscale.SCALE_RULES:
+      raise ValueError(f"unknown scale_rule {self.scale_rule!r}")
+    if self.clip not in ("none", "rms"):
+      raise ValueError(f"clip must be 'none' or 'rms', got {self.clip!r}")
+    if self.macro_block is not None:
+      if not is_int(self.macro_block) or any(
+          self.macro_block < b or self.macro_block % b for b in blocks):
+        raise ValueError(f"macro_block must be a multiple of block_shape="
+                         f"{self.block_shape}, got {self.macro_block}")
+
+  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
+    return quantizer.QuantSpec(fmt=self.fmt, rounding=self.rounding,
+                               rand_bits=self.rand_bits, scale_rule=self.scale_rule,
+                               **self.blocks(contract_axis, free_axis))
+
+
+@dataclasses.dataclass(frozen=True)
+class NVFP4Quant(OperandQuant):
+  """An NVFP4 operand: E2M1 elements, E4M3 scales per block of 16 and a float32 tensor
+  scale.
+
+  Attributes:
+    block_shape: 16 (1D blocks along the contraction axis) or ``(16, 16)`` tiles.
+    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    convention: the scale convention, ``te`` (Transformer Engine) or ``torchao``.
+    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
+      tensor amax is reduced (see :class:`numerics.quantizer.QuantSpec` and
+      :func:`numerics.recipes.with_amax_axis_name`).
+  """
+
+  scaling: ClassVar[str] = "block"
+  fmt: ClassVar[str] = "nvfp4"
+  block_shape: int | tuple[int, ...] | None = None
+  rounding: str = "nearest"
+  rand_bits: int | None = None
+  prescale: float = 1.0
+  convention: str = "te"
+  amax_axis_name: str | tuple[str, ...] | None = None
+
+  def __post_init__(self):
+    blocks, canonical = _block_shape(self.block_shape, blockscale.NVFP4_BLOCK)
+    if any(b != blockscale.NVFP4_BLOCK for b in blocks):
+      raise ValueError(f"nvfp4 blocks are {blockscale.NVFP4_BLOCK} long, got "
+                       f"block_shape={self.block_shape!r}")
+    object.__setattr__(self, "block_shape", canonical)
+    if self.convention not in blockscale.NVFP4_CONVENTIONS:
+      raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
+                       f"{self.convention!r}")
+    object.__setattr__(self, "amax_axis_name", blockscale.check_amax_axis_name(
+        self.amax_axis_name, "NVFP4Quant"))
+    self._check_common()
+
+  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
+    return quantizer.QuantSpec(fmt="nvfp4", rounding=self.rounding,
+                               rand_bits=self.rand_bits, convention=self.convention,
+                               amax_axis_name=self.amax_axis_name,
+                               **self.blocks(contract_axis, free_axis))
+
+
+def _element_format(fmt: str, scaling: str) -> None:
+  if fmt == "nvfp4":
+    raise ValueError(f"nvfp4 is block-scaled, got scaling={scaling!r}")
+  formats_lib.get(fmt)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorQuant(OperandQuant):
+  """One float32 scale per tensor, ``max / amax`` of the current tensor, then an
+  element-wise cast to ``fmt`` (any format of :mod:`numerics.formats`).
+
+  Attributes:
+    fmt: the element format.
+    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
+      tensor amax is reduced.
+  """
+
+  scaling: ClassVar[str] = "tensor"
+  fmt: str
+  rounding: str = "nearest"
+  rand_bits: int | None = None
+  prescale: float = 1.0
+  amax_axis_name: str | tuple[str, ...] | None = None
+
+  def __post_init__(self):
+    _element_format(self.fmt, "tensor")
+    object.__setattr__(self, "amax_axis_name", blockscale.check_amax_axis_name(
+        self.amax_axis_name, "TensorQuant"))
+    self._check_common()
+
+  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
+    del contract_axis, free_axis
+    return quantizer.QuantSpec(fmt=self.fmt, scaling="tensor", rounding=self.rounding,
+                               rand_bits=self.rand_bits,
+                               amax_axis_name=self.amax_axis_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedQuant(OperandQuant):
+  """Transformer Engine's delayed scaling: the scale comes from an amax history carried
+  between steps (:mod:`numerics.delayed_scaling`; the GEMMs need
+  :func:`numerics.qdot.quantized_dot_general_with_state`).
+
+  Attributes:
+    fmt: the element format.
+    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    amax_history_len, amax_compute_algo, margin: ``DelayedScaling``'s history length,
+      its reduction (``max`` or ``most_recent``) and the scale's power-of-two margin.
+  """
+
+  scaling: ClassVar[str] = "delayed"
+  fmt: str
+  rounding: str = "nearest"
+  rand_bits: int | None = None
+  prescale: float = 1.0
+  amax_history_len: int = _DELAYED_DEFAULTS["amax_history_len"]
+  amax_compute_algo: Literal["max", "most_recent"] = _DELAYED_DEFAULTS["amax_compute_algo"]
+  margin: int = _DELAYED_DEFAULTS["margin"]
+
+  def __post_init__(self):
+    _element_format(self.fmt, "delayed")
+    self._check_common()
+    if not is_int(self.amax_history_len) or self.amax_history_len < 1:
+      raise ValueError(f"amax_history_len must be a positive int, got "
+                       f"{self.amax_history_len!r}")
+    if self.amax_compute_algo not in ("max", "most_recent"):
+      raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got "
+                       f"{self.amax_compute_algo!r}")
+    if not is_int(self.margin) or self.margin < 0:
+      raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
+
+  def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
+    raise ValueError("a delayed-scaling operand has no stateless QuantSpec")
+
+
+_KINDS = (MXQuant, NVFP4Quant, TensorQuant, DelayedQuant)
+
+
+def _build(*args, **kwargs) -> OperandQuant:
+  """The earlier single-class constructor: the class ``scaling`` and ``fmt`` name,
+  with a ``ValueError`` for an option that mode does not take."""
+  if len(args) > len(_OLD_FIELDS):
+    raise TypeError(f"OperandQuant takes at most {len(_OLD_FIELDS)} positional "
+                    f"arguments, got {len(args)}")
+  given = dict(zip(_OLD_FIELDS, args))
+  for name in kwargs:
+    if name in given:
+      raise TypeError(f"OperandQuant got multiple values for argument {name!r}")
+    if name not in _OLD_FIELDS:
+      raise TypeError(f"OperandQuant got an unexpected keyword argument {name!r}")
+  given.update(kwargs)
+  if "fmt" not in given:
+    raise TypeError("OperandQuant missing required argument: 'fmt'")
+  fmt, scaling = given.pop("fmt"), given.pop("scaling", "block")
+  if fmt != "nvfp4":
+    formats_lib.get(fmt)
+  if scaling not in SCALINGS:
+    raise ValueError(f"scaling must be 'block', 'tensor' or 'delayed', got {scaling!r}")
+  if scaling == "block":
+    cls = NVFP4Quant if fmt == "nvfp4" else MXQuant
+  else:
+    _element_format(fmt, scaling)
+    if given.get("block_shape") is not None:
+      raise ValueError(f"block_shape describes blocks; scaling={scaling!r} has none")
+    cls = TensorQuant if scaling == "tensor" else DelayedQuant
+  own = {f.name for f in dataclasses.fields(cls)}
+  foreign = {k: v for k, v in given.items()
+             if k not in own and v != getattr(OperandQuant, k)}
+  if "scale_rule" in foreign:
+    raise ValueError("nvfp4 has no MX scale rule (see convention)" if fmt == "nvfp4"
+                     else f"scale_rule is an MX option, got scaling={scaling!r}")
+  if "convention" in foreign:
+    raise ValueError(f"convention is an nvfp4 option, got fmt={fmt!r}")
+  if "amax_axis_name" in foreign:
+    raise ValueError(f"amax_axis_name reduces a tensor amax, which only nvfp4 and "
+                     f"scaling='tensor' operands take; got fmt={fmt!r}, "
+                     f"scaling={scaling!r}")
+  if "clip" in foreign or "macro_block" in foreign:
+    raise ValueError("clip and macro_block apply to MX block quantizers only")
+  if foreign:
+    raise ValueError(f"amax_history_len, amax_compute_algo and margin are delayed-"
+                     f"scaling options, got scaling={scaling!r}")
+  kw = {k: v for k, v in given.items() if k in own}
+  if cls is not NVFP4Quant:
+    kw["fmt"] = fmt
+  return cls(**kw)
+
+
+def replace(op: OperandQuant, **changes: Any) -> OperandQuant:
+  """``op`` with options changed; ``scaling`` or ``fmt`` may change its class, and an
+  option the resulting mode does not take raises ``ValueError`` (as
+  ``OperandQuant(...)`` does)."""
+  if not isinstance(op, OperandQuant):
+    raise TypeError(f"op must be an OperandQuant, got {type(op).__name__}")
+  return _build(**{**op.options(), **changes})
