@@ -61,6 +61,7 @@ Build a custom recipe with :class:`Recipe` directly or :func:`replace`;
 from __future__ import annotations
 
 import dataclasses
+
 from lowprec.numerics import accumulation as accumulation_lib
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
