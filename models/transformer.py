@@ -180,7 +180,9 @@ class MoEFeedForward(nn.Module):
     fraction_E = jnp.mean(onehot_AxE.astype(jnp.float32), axis=0)
     balance = e * jnp.sum(fraction_E * jnp.mean(probs_TxE, axis=0))
     self.sow("losses", "moe_balance", cfg.moe_balance_coef * balance)
-    self.sow("metrics", "moe_dropped", 1.0 - jnp.mean(kept_A.astype(jnp.float32)))
+    # The dropped ones counted, not 1 - mean(kept): under jit XLA:CPU contracted that
+    # into an FMA, which logged -1.5e-8 for a step that dropped nothing.
+    self.sow("metrics", "moe_dropped", jnp.mean(jnp.logical_not(kept_A).astype(jnp.float32)))
     return out_TxD
 
 
