@@ -92,15 +92,15 @@ def _value_and_grad(model, params, x, **kw):
 
 @pytest.fixture(scope="module")
 def transformer_params():
-  return Transformer().init(jax.random.key(1), _x())
+  return jax.jit(Transformer().init)(jax.random.key(1), _x())
 
 
 def test_linen_bf16_rules_give_the_plain_bf16_model(transformer_params):
   x = _x().astype(BF)
   plain = Transformer(dtype=BF)
   ours = models.quantize_model(plain, [models.Rule(".*", "bf16")])
-  chex.assert_trees_all_equal_structs(ours.init(jax.random.key(1), x),
-                                      plain.init(jax.random.key(1), x))
+  chex.assert_trees_all_equal(jax.eval_shape(ours.init, jax.random.key(1), x),
+                              jax.eval_shape(plain.init, jax.random.key(1), x))
   chex.assert_trees_all_equal(_value_and_grad(ours, transformer_params, x),
                               _value_and_grad(plain, transformer_params, x))
 
@@ -137,10 +137,10 @@ def test_linen_per_layer_overrides_and_unmatched_ops(transformer_params):
   assert by_path[("embed", "dot_general_0")] is None  # unmatched: untouched
   assert quantization.unused_rules(rules, ops) == (rules[3],)
   # Only block_1's attention differs from the plain model's function of its input.
-  plain = Transformer().apply(transformer_params, x)
-  assert not np.array_equal(ours.apply(transformer_params, x), plain)
+  plain = jax.jit(Transformer().apply)(transformer_params, x)
+  assert not np.array_equal(jax.jit(ours.apply)(transformer_params, x), plain)
   ours_none = models.quantize_model(Transformer(), [models.Rule(".*", None)])
-  chex.assert_trees_all_equal(ours_none.apply(transformer_params, x), plain)
+  chex.assert_trees_all_equal(jax.jit(ours_none.apply)(transformer_params, x), plain)
 
 
 class MLP(nn.Module):
@@ -154,7 +154,7 @@ def test_linen_stochastic_recipe_draws_from_the_quant_stream():
   x = _x((64, 32))
   m = models.quantize_model(MLP(), [models.Rule(".*", "mxfp4")])
   p = m.init({"params": jax.random.key(1), "quant": jax.random.key(2)}, x)
-  g = lambda k: jax.grad(lambda p: jnp.sum(m.apply(p, x, rngs={"quant": k}) ** 2))(p)
+  g = jax.jit(lambda k: jax.grad(lambda p: jnp.sum(m.apply(p, x, rngs={"quant": k}) ** 2))(p))
   chex.assert_trees_all_equal(g(jax.random.key(3)), g(jax.random.key(3)))
   a, b = g(jax.random.key(3)), g(jax.random.key(4))
   assert not np.array_equal(a["params"]["hidden"]["kernel"], b["params"]["hidden"]["kernel"])
@@ -217,6 +217,12 @@ class NNXModel(nnx.Module):
     return self.down(nnx.gelu(self.up(x)))
 
 
+def _jitted(model, *args):
+  """``model(*args)`` under nnx.jit, traced afresh (so a recording sees every op); run
+  eagerly, each op of the model compiled a program of its own."""
+  return nnx.jit(lambda m, *a: m(*a))(model, *args)
+
+
 def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
   x = _x()
   plain = NNXModel(nnx.Rngs(0), dtype=BF)
@@ -225,24 +231,24 @@ def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
   # computes for bf16 operands.
   ours = models.quantize_model(plain, [models.Rule(".*", "bf16")])
   with quantization.recording() as ops:
-    chex.assert_trees_all_equal(ours(x.astype(BF)), plain(x.astype(BF)))
+    chex.assert_trees_all_equal(_jitted(ours, x.astype(BF)), _jitted(plain, x.astype(BF)))
   assert [(op.op_id, op.kind) for op in ops if op.path == "attn"] == [
       ("einsum_0", "attention"), ("einsum_1", "attention")]
   ours = models.quantize_model(plain, [models.Rule("attn", None), models.Rule(".*", "bf16")])
   assert type(plain) is NNXModel  # the input model is not modified
-  chex.assert_trees_all_equal(ours(x.astype(BF)), plain(x.astype(BF)))
+  chex.assert_trees_all_equal(_jitted(ours, x.astype(BF)), _jitted(plain, x.astype(BF)))
   # mxfp8 on the Linear / Einsum / LinearGeneral layers (attention kept plain): equal
   # to qdot's dot_general injected into those layers by hand.
   rules = [models.Rule("attn(/.*)?", None), models.Rule(".*", "mxfp8")]
   dg = qdot.make_dot_general("mxfp8")
   ours = models.quantize_model(NNXModel(nnx.Rngs(0)), rules)
   by_hand = NNXModel(nnx.Rngs(0), dg=dg)  # same parameters; attention left plain
-  chex.assert_trees_all_equal(ours(x), by_hand(x))
-  go = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(ours)
-  gh = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(by_hand)
+  chex.assert_trees_all_equal(_jitted(ours, x), _jitted(by_hand, x))
+  go = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(ours)
+  gh = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(by_hand)
   chex.assert_trees_all_equal(go["up"]["kernel"][...], gh["up"]["kernel"][...])
   with quantization.recording() as ops:
-    ours(x)
+    jax.eval_shape(lambda: ours(x))
   assert {(op.path, op.op_id) for op in ops if op.path.startswith("attn")} == {
       ("attn/query", "dot_general_0"), ("attn/key", "dot_general_0"),
       ("attn/value", "dot_general_0"), ("attn/out", "dot_general_0"),

@@ -48,13 +48,13 @@ def test_equals_xla_convolution_and_its_gradients_on_exact_data(case, recipe):
   ref = lambda x, w: lax.conv_general_dilated(x, w, precision=lax.Precision.HIGHEST, **args)
   ours = lambda x, w: qconv.quantized_conv_general_dilated(x, w, recipe=recipe,
                                                            key=jax.random.key(3), **args)
-  want = ref(x, w)
-  np.testing.assert_array_equal(ours(x, w), want)
+  want = jax.jit(ref)(x, w)
+  np.testing.assert_array_equal(jax.jit(ours)(x, w), want)
   if recipe == "bf16":
     return  # its backward GEMMs return bf16, which rounds sums above 256
   # A cotangent of small integers keeps the backward GEMMs exact too.
   c = _small_ints(kc, want.shape)
-  grad = lambda f: jax.grad(lambda x, w: jnp.sum(f(x, w) * c), argnums=(0, 1))(x, w)
+  grad = lambda f: jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) * c), argnums=(0, 1)))(x, w)
   for got, exp in zip(grad(ours), grad(ref)):
     np.testing.assert_array_equal(got, exp)
 
