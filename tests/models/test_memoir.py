@@ -21,9 +21,8 @@ def _batch(b=6):
 def _init_apply(config, batch):
   model = memoir.Memoir(config)
   args = (batch["keys"], batch["values"], batch["query"])
-  # Jitted: eagerly, each op of the model compiles a program of its own.
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), *args)["params"]
-  return params, jax.jit(model.apply)({"params": params}, *args)
+  params = model.init(jax.random.PRNGKey(0), *args)["params"]
+  return params, model.apply({"params": params}, *args)
 
 
 def test_halting_distribution_sums_to_one_and_matches_formula():
@@ -58,8 +57,7 @@ def test_arms_match_in_parameters_and_forward_macs():
   read_only = memoir.Memoir(memoir.MemoirConfig(mode="read_only", **SMALL))
   p_r = jax.eval_shape(lambda: read_only.init(jax.random.PRNGKey(0), batch["keys"],
                                               batch["values"], batch["query"]))["params"]
-  out_r = jax.jit(read_only.apply)({"params": p_c}, batch["keys"], batch["values"],
-                                   batch["query"])
+  out_r = read_only.apply({"params": p_c}, batch["keys"], batch["values"], batch["query"])
   assert jax.tree.structure(p_c) == jax.tree.structure(p_r)
   chex.assert_trees_all_equal_shapes(p_c, p_r)
   assert memoir.count_params(p_c) == memoir.count_params(p_r)
@@ -122,8 +120,8 @@ def test_read_only_reads_the_written_stream_only():
     params, out = _init_apply(config, batch)
     params = jax.tree_util.tree_map(lambda x: x, params)
     params["write_value"]["kernel"] = params["write_value"]["kernel"] * 3.0
-    out2 = jax.jit(memoir.Memoir(config).apply)({"params": params}, batch["keys"],
-                                                batch["values"], batch["query"])
+    out2 = memoir.Memoir(config).apply({"params": params}, batch["keys"], batch["values"],
+                                       batch["query"])
     changed = not np.allclose(out["logits"], out2["logits"])
     assert changed == should_change, mode
     assert float(out2["drift"].mean()) > 0.0  # both arms do write (real or shadow memory)

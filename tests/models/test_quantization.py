@@ -153,7 +153,7 @@ class MLP(nn.Module):
 def test_linen_stochastic_recipe_draws_from_the_quant_stream():
   x = _x((64, 32))
   m = models.quantize_model(MLP(), [models.Rule(".*", "mxfp4")])
-  p = m.init({"params": jax.random.key(1), "quant": jax.random.key(2)}, x)
+  p = jax.jit(m.init)({"params": jax.random.key(1), "quant": jax.random.key(2)}, x)
   g = jax.jit(lambda k: jax.grad(lambda p: jnp.sum(m.apply(p, x, rngs={"quant": k}) ** 2))(p))
   chex.assert_trees_all_equal(g(jax.random.key(3)), g(jax.random.key(3)))
   a, b = g(jax.random.key(3)), g(jax.random.key(4))
@@ -175,7 +175,7 @@ def test_linen_delayed_scaling_state_and_telemetry():
   m = models.quantize_model(MLP(), [models.Rule("hidden", delayed), models.Rule("out",
                                                                                  "mxfp8")],
                             telemetry=True)
-  variables = m.init(jax.random.key(1), x)
+  variables = jax.jit(m.init)(jax.random.key(1), x)
   state = variables[quantization.OVERWRITE]
   assert set(state) == {"hidden", "out"}  # delayed histories; mxfp8: telemetry probes
   h0 = state["hidden"]["dot_general_0"].delayed.forward_lhs
@@ -186,7 +186,7 @@ def test_linen_delayed_scaling_state_and_telemetry():
                         mutable=[quantization.NUMERICS])
     return jnp.sum(out ** 2), sown[quantization.NUMERICS]
 
-  (grads, new_state), fwd = jax.grad(loss, argnums=(0, 1), has_aux=True)(
+  (grads, new_state), fwd = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(
       variables["params"], state)
   h1 = new_state["hidden"]["dot_general_0"].delayed.forward_lhs
   amax = float(jnp.max(jnp.abs(x)))

@@ -22,7 +22,7 @@ def test_patch_conv_equals_flax_conv(strides, kernel, size):
 def test_resnet_shapes_impls_agree_and_labels():
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 8, 8, 1))
   model = ResNet(ResNetConfig(width=8, num_stages=2, blocks_per_stage=1))
-  params = model.init(jax.random.PRNGKey(1), x)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), x)["params"]
   logits = jax.jit(model.apply)({"params": params}, x)
   chex.assert_shape(logits, (3, 10))
   xla = ResNet(ResNetConfig(width=8, conv_impl="xla"))
