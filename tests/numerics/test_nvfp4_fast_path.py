@@ -332,7 +332,7 @@ def _e4m3_grid_and_midpoints() -> np.ndarray:
   return np.sort(pts)
 
 
-# Jitted, as the quantizers run them: op by op, each call compiled ~80 programs.
+# Jitted, as the quantizers run them (op by op, each test compiled about 80 programs).
 _te_chain = jax.jit(nvfp4_te.te_block_scales)
 _by_table = jax.jit(nvfp4_fast.te_block_scales_by_table)
 
