@@ -22,6 +22,7 @@ import pytest
 from lowprec import models
 from lowprec.models import quantization
 from lowprec.numerics import qdot, recipes
+from tests.models.nnx_calls import jitted_call
 
 BF = jnp.bfloat16
 
@@ -217,12 +218,6 @@ class NNXModel(nnx.Module):
     return self.down(nnx.gelu(self.up(x)))
 
 
-def _jitted(model, *args):
-  """``model(*args)`` under nnx.jit, traced afresh (so a recording sees every op); run
-  eagerly, each op of the model compiled a program of its own."""
-  return nnx.jit(lambda m, *a: m(*a))(model, *args)
-
-
 def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
   x = _x()
   plain = NNXModel(nnx.Rngs(0), dtype=BF)
@@ -231,19 +226,19 @@ def test_nnx_bf16_rules_give_the_plain_model_and_mxfp8_the_injected_one():
   # computes for bf16 operands.
   ours = models.quantize_model(plain, [models.Rule(".*", "bf16")])
   with quantization.recording() as ops:
-    chex.assert_trees_all_equal(_jitted(ours, x.astype(BF)), _jitted(plain, x.astype(BF)))
+    chex.assert_trees_all_equal(jitted_call(ours, x.astype(BF)), jitted_call(plain, x.astype(BF)))
   assert [(op.op_id, op.kind) for op in ops if op.path == "attn"] == [
       ("einsum_0", "attention"), ("einsum_1", "attention")]
   ours = models.quantize_model(plain, [models.Rule("attn", None), models.Rule(".*", "bf16")])
   assert type(plain) is NNXModel  # the input model is not modified
-  chex.assert_trees_all_equal(_jitted(ours, x.astype(BF)), _jitted(plain, x.astype(BF)))
+  chex.assert_trees_all_equal(jitted_call(ours, x.astype(BF)), jitted_call(plain, x.astype(BF)))
   # mxfp8 on the Linear / Einsum / LinearGeneral layers (attention kept plain): equal
   # to qdot's dot_general injected into those layers by hand.
   rules = [models.Rule("attn(/.*)?", None), models.Rule(".*", "mxfp8")]
   dg = qdot.make_dot_general("mxfp8")
   ours = models.quantize_model(NNXModel(nnx.Rngs(0)), rules)
   by_hand = NNXModel(nnx.Rngs(0), dg=dg)  # same parameters; attention left plain
-  chex.assert_trees_all_equal(_jitted(ours, x), _jitted(by_hand, x))
+  chex.assert_trees_all_equal(jitted_call(ours, x), jitted_call(by_hand, x))
   go = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(ours)
   gh = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(by_hand)
   chex.assert_trees_all_equal(go["up"]["kernel"][...], gh["up"]["kernel"][...])

@@ -22,6 +22,7 @@ import pytest
 from lowprec import models
 from lowprec.models import quantization
 from lowprec.numerics import qconv, qdot
+from tests.models.nnx_calls import jitted_call
 
 RECIPE = "mxfp8"
 _DN = (((1,), (0,)), ((), ()))  # x (tokens, d) . w (d, f) after flattening
@@ -202,30 +203,24 @@ class NNXViT(nnx.Module):
     return self.head(x.mean(axis=1))
 
 
-def _jitted(model, *args):
-  """``model(*args)`` under nnx.jit, traced afresh (so a recording sees every op); run
-  eagerly, each op of the model compiled a program of its own."""
-  return nnx.jit(lambda m, *a: m(*a))(model, *args)
-
-
 def test_nnx_every_contraction_is_recorded_and_attention_quantizes_like_linen():
   model = NNXViT(nnx.Rngs(0))
   img = _img()
   n_plain = _count_contractions(jax.make_jaxpr(lambda m, x: m(x))(model, img).jaxpr)
   kept = models.quantize_model(model, [models.Rule(".*", None)])
   with quantization.recording() as ops:
-    chex.assert_trees_all_equal(_jitted(kept, img), _jitted(model, img))
+    chex.assert_trees_all_equal(jitted_call(kept, img), jitted_call(model, img))
   # conv, q/k/v/out, the fused attention (two products), @, head
   assert [op.kind for op in ops].count("attention") == 1 and len(ops) == 8
   assert n_plain == len(ops) + 1  # the fused call's two products are one op when kept
   ours = models.quantize_model(model, [models.Rule(".*", RECIPE)])
   with quantization.recording() as ops:
-    out = _jitted(ours, img)
+    out = jitted_call(ours, img)
   assert {(op.path, op.op_id, op.kind) for op in ops if op.path == "attn"} == {
       ("attn", "einsum_0", "attention"), ("attn", "einsum_1", "attention")}
   assert len(ops) == n_plain and all(op.rule is not None for op in ops)
   assert {op.kind for op in ops} == {"conv", "dot_general", "attention", "matmul"}
-  assert not np.array_equal(out, _jitted(model, img))
+  assert not np.array_equal(out, jitted_call(model, img))
   grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(img) ** 2)))(ours)
   assert np.isfinite(np.asarray(grads["patch"]["kernel"][...])).all()
 
@@ -246,9 +241,9 @@ def test_fused_attention_decomposes_grouped_queries_and_masks_exactly():
   mask = jax.random.bernoulli(km, 0.8, (2, 1, 8, 8))
   ours = models.quantize_model(GQA(), [models.Rule(".*", "bf16")])
   with quantization.recording() as ops:
-    got = _jitted(ours, q, k, v, mask)
+    got = jitted_call(ours, q, k, v, mask)
   assert [op.kind for op in ops] == ["attention", "attention"]
-  chex.assert_trees_all_equal(got, _jitted(GQA(), q, k, v, mask))
-  quantized = _jitted(models.quantize_model(GQA(), [models.Rule(".*", RECIPE)]),
+  chex.assert_trees_all_equal(got, jitted_call(GQA(), q, k, v, mask))
+  quantized = jitted_call(models.quantize_model(GQA(), [models.Rule(".*", RECIPE)]),
                       q, k, v, mask)
   assert quantized.shape == got.shape and not np.array_equal(quantized, got)
