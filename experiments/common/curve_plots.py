@@ -55,9 +55,10 @@ def plot_curves(tag: str, curves: Mapping[str, Sequence[Sequence[tuple[int, floa
       steps, values = zip(*r)
       ax.plot(steps, values, color=color, alpha=0.35, linewidth=0.8)
     if runs:
-      common = sorted(set.intersection(*[{s for s, _ in r} for r in runs]))
+      by_step = [dict(r) for r in runs]  # once per run, not once per run and step
+      common = sorted(set.intersection(*[set(d) for d in by_step]))
       if common:
-        means = [np.mean([dict(r)[s] for r in runs]) for s in common]
+        means = [np.mean([d[s] for d in by_step]) for s in common]
         label = f"{arm} (mean of {len(runs)})" + (" [baseline]" if arm == baseline else "")
         ax.plot(common, means, color=color, linestyle=style, linewidth=2.2, label=label)
   ax.set_xlabel("step")
