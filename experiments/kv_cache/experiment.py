@@ -61,7 +61,7 @@ from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import LoopResult
 from experiments.kv_cache.outliers import scale_key_channels
 from lowprec.models import kv_cache, sampling
-from lowprec.models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
+from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics import kv_quant
 from lowprec.numerics.rl.mismatch import mismatch_kl
 
@@ -178,9 +178,7 @@ class KVCacheConfig:
     length = task.prompt_length(self.digits) + task.answer_length(self.digits)
     return DecoderLM(TransformerConfig(
         vocab_size=task.VOCAB_SIZE, d_model=self.d_model, num_layers=self.num_layers,
-        num_heads=self.num_heads, d_ff=self.d_ff, max_len=length),
-        dot_general=fp32_dot_general, attention_dot_general=fp32_dot_general,
-        head_dot_general=fp32_dot_general)
+        num_heads=self.num_heads, d_ff=self.d_ff, max_len=length))
 
 
 def base_params(config: KVCacheConfig) -> tuple[Any, dict[str, float]]:

@@ -20,7 +20,7 @@ import optax
 from experiments.common import arithmetic_task as task
 from experiments.common.config_flags import check_fields, config_field
 from lowprec.models import sampling
-from lowprec.models.transformer import DecoderLM, TransformerConfig, fp32_dot_general
+from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics.rl import importance
 from lowprec.numerics.rl import policy_loss
 from lowprec.numerics.rl import sampler_copy
@@ -220,6 +220,4 @@ def make_model(config: RLConfig) -> DecoderLM:
   length = task.prompt_length(config.digits) + task.answer_length(config.digits)
   return DecoderLM(TransformerConfig(
       vocab_size=task.VOCAB_SIZE, d_model=config.d_model, num_layers=config.num_layers,
-      num_heads=config.num_heads, d_ff=config.d_ff, max_len=length),
-      dot_general=fp32_dot_general, attention_dot_general=fp32_dot_general,
-      head_dot_general=fp32_dot_general)
+      num_heads=config.num_heads, d_ff=config.d_ff, max_len=length))
