@@ -1,7 +1,7 @@
-"""Test ordering for the 2-worker run: ``pytest.ini`` sends each file whole to one xdist
-worker (``--dist loadfile``), so the programs a file's tests share are compiled once,
-not once per worker; the files that hold one worker longest go first, so none of them
-is the tail of the run while the other worker sits idle."""
+"""Test order for the xdist workers: ``pytest.ini`` sends each file whole to one worker
+(``--dist loadfile``), so the programs a file's tests share are compiled once, not once
+per worker; the files that hold a worker longest go first, so none of them is the tail
+of the run while the other workers sit idle."""
 
 # Each holds one worker for a minute or more (the compile check about three).
 _LONGEST_FIRST = ("tests/numerics/kernels/test_compile.py", "tests/test_readme.py",
