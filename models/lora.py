@@ -43,6 +43,7 @@ a gradient taken with respect to it is zero (tested).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 from typing import Any, NamedTuple
@@ -54,6 +55,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lowprec.models import transformer
+from lowprec.models.quantization import context as quantization_context
 from lowprec.numerics import blockscale
 from lowprec.numerics import nf4 as nf4_lib
 from lowprec.numerics import quantizer as quantizer_lib
@@ -242,12 +244,25 @@ def _base_matmul(dot_general, x, w_stored, key, per_gemm: bool):
       x, w_stored, key)
 
 
-def apply(model: transformer.DecoderLM, base: FrozenBase, adapters: dict[str, Adapter],
+def _adapter_product(x: jax.Array, ad: Adapter) -> jax.Array:
+  """``(x A) B`` in float32 at HIGHEST precision. Inside a ``models.quantize_model`` call
+  the two products are the adapter's, not the model's: they pass its rules by (a rule
+  matching the projection's path would otherwise quantize them as ``matmul`` ops)."""
+  ctx = quantization_context.active()
+  with (quantization_context.passthrough(ctx) if ctx is not None
+        else contextlib.nullcontext()):
+    xa = jnp.matmul(x.astype(jnp.float32), ad.a, precision=lax.Precision.HIGHEST)
+    return jnp.matmul(xa, ad.b, precision=lax.Precision.HIGHEST)
+
+
+def apply(model: nn.Module, base: FrozenBase, adapters: dict[str, Adapter],
           tokens_BxL: jax.Array, key: jax.Array, config: LoRAConfig) -> jax.Array:
   """Logits float32[B, L, V] of ``model`` with the frozen base and the adapters.
 
-  ``adapters`` must hold exactly the base's target kernels. Differentiate with
-  respect to ``adapters``; the base is under ``stop_gradient``.
+  ``model`` is a ``DecoderLM``, or one wrapped by ``models.quantize_model``: its rules
+  then quantize the base GEMMs and pass the adapter products by. ``adapters`` must hold
+  exactly the base's target kernels. Differentiate with respect to ``adapters``; the
+  base is under ``stop_gradient``.
   """
   if not isinstance(base, FrozenBase):
     raise TypeError(f"base must be a FrozenBase, got {type(base).__name__}")
@@ -270,8 +285,7 @@ def apply(model: transformer.DecoderLM, base: FrozenBase, adapters: dict[str, Ad
     x, k = args
     ad = adapters[path]
     y = _base_matmul(module.dot_general, x, weights[path], k, per_gemm)
-    xa = jnp.matmul(x.astype(jnp.float32), ad.a, precision=lax.Precision.HIGHEST)
-    return y + scale * jnp.matmul(xa, ad.b, precision=lax.Precision.HIGHEST)
+    return y + scale * _adapter_product(x, ad)
 
   with nn.intercept_methods(interceptor):
     return model.apply({"params": base.params}, tokens_BxL, key)

@@ -6,13 +6,16 @@ byte counts of NF4 storage, autodiff with respect to the frozen base.
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lowprec import models
 from lowprec.models import lora
-from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
+from lowprec.models.transformer import (DecoderLM, TransformerConfig, bf16_dot_general,
+                                       next_token_loss)
 from lowprec.numerics import memory
 from lowprec.numerics.quantizer import QuantSpec
 
@@ -126,3 +129,20 @@ def test_gradients_reach_only_the_adapters():
   moved = {k: v._replace(b=v.b - 0.1 * g_ad[k].b) for k, v in adapters.items()}
   for g in grad(moved, base, config)[0].values():
     assert np.any(np.asarray(g.a) != 0)
+
+
+def test_a_rule_quantized_model_quantizes_the_base_gemms_not_the_adapter_products():
+  """LoRA on ``quantize_model(DecoderLM, [Rule(".*", "bf16")])`` equals LoRA on the
+  DecoderLM with ``bf16_dot_general`` injected, value and adapter gradients bit for bit
+  (the adapter products float32 at HIGHEST in both). Before: the rule also caught the
+  adapters' two matmuls (kind ``matmul``) and ran them in bf16."""
+  config, base, adapters = _setup()
+  adapters = jax.tree.map(lambda a: a + 0.01, adapters)  # B = 0 hides the products
+
+  def value_and_grad(model):
+    loss = lambda a: jnp.sum(lora.apply(model, base, a, TOKENS, KEY, config) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(adapters)
+
+  chex.assert_trees_all_equal(
+      value_and_grad(models.quantize_model(MODEL, [models.Rule(".*", "bf16")])),
+      value_and_grad(DecoderLM(CFG, dot_general=bf16_dot_general)))
