@@ -75,8 +75,9 @@ from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common import lm_trainer
 from experiments.common.train_loop import init_train_state, make_train_step, run_loop
+from lowprec import models
 from lowprec.models import lora
-from lowprec.models.transformer import DecoderLM, TransformerConfig, bf16_dot_general, next_token_loss
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
 from lowprec.numerics import memory
 
 EXPERIMENT = "qlora"
@@ -163,12 +164,14 @@ class QLoRAConfig:
                            nf4_block_size=self.nf4_block_size,
                            double_quant=self.double_quant, dequantize=self.dequantize)
 
-  def model(self, vocab_size: int) -> DecoderLM:
-    """The quick-start LM with bf16 GEMMs (float32 accumulation) everywhere."""
-    return DecoderLM(TransformerConfig(vocab_size=vocab_size, d_model=self.d_model,
-                                       num_layers=self.num_layers, num_heads=self.num_heads,
-                                       d_ff=self.d_ff, max_len=self.seq_len),
-                     dot_general=bf16_dot_general)
+  def model(self, vocab_size: int) -> Any:
+    """The quick-start LM with bf16 GEMMs (float32 accumulation) everywhere: one bf16
+    rule for every matmul (LoRA's adapter products stay float32, see ``lora.apply``)."""
+    return models.quantize_model(
+        DecoderLM(TransformerConfig(vocab_size=vocab_size, d_model=self.d_model,
+                                    num_layers=self.num_layers, num_heads=self.num_heads,
+                                    d_ff=self.d_ff, max_len=self.seq_len)),
+        [models.Rule(".*", "bf16")])
 
 
 # ----------------------------------------------------------------------------- data
@@ -234,12 +237,12 @@ def _eval_data(config: QLoRAConfig, corpus: Corpus) -> list[dict[str, np.ndarray
                                   batch_size=config.batch_size, seq_len=config.seq_len)
 
 
-def _init_params(config: QLoRAConfig, model: DecoderLM) -> Any:
+def _init_params(config: QLoRAConfig, model: Any) -> Any:
   key = jax.random.PRNGKey(config.pretrain_seed)
   return jax.jit(model.init)(key, jnp.zeros((1, config.seq_len), jnp.int32), key)["params"]
 
 
-def _pretrain(config: QLoRAConfig, model: DecoderLM, corpus: Corpus
+def _pretrain(config: QLoRAConfig, model: Any, corpus: Corpus
               ) -> tuple[Any, dict[str, float]]:
   params = _init_params(config, model)
   optimizer = _adamw(config.pretrain_lr, config.pretrain_steps, 100 if
@@ -273,14 +276,14 @@ def _pretrain(config: QLoRAConfig, model: DecoderLM, corpus: Corpus
                   "eval_loss": eval_loss, "pretrain_s": time.perf_counter() - t0}
 
 
-def _full_eval_loss(model: DecoderLM, params: Any, batches) -> float:
+def _full_eval_loss(model: Any, params: Any, batches) -> float:
   key = jax.random.PRNGKey(0)
   f = jax.jit(lambda p, b: next_token_loss(model.apply({"params": p}, b["inputs"], key),
                                            b["targets"])[0])
   return float(np.mean([float(f(params, b)) for b in batches]))
 
 
-def pretrained_base(config: QLoRAConfig, model: DecoderLM, corpus: Corpus
+def pretrained_base(config: QLoRAConfig, model: Any, corpus: Corpus
                     ) -> tuple[Any, dict[str, Any]]:
   """The pretrained float32 params and their info (``pretrain_loss``: mean of the last
   20 steps; ``eval_loss`` on the play's held-out part; ``pretrain_s``; ``digest``).
@@ -325,7 +328,7 @@ class FineTuneSetup:
   logits_fn: Callable[..., Any]
 
 
-def make_setup(config: QLoRAConfig, model: DecoderLM, params: Any) -> FineTuneSetup:
+def make_setup(config: QLoRAConfig, model: Any, params: Any) -> FineTuneSetup:
   """The method's trainable params (LoRA adapters from ``seed``, or a copy of every
   pretrained param), frozen base and loss."""
   if config.method == "full":
