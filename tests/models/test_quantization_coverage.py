@@ -245,5 +245,5 @@ def test_fused_attention_decomposes_grouped_queries_and_masks_exactly():
   assert [op.kind for op in ops] == ["attention", "attention"]
   chex.assert_trees_all_equal(got, jitted_call(GQA(), q, k, v, mask))
   quantized = jitted_call(models.quantize_model(GQA(), [models.Rule(".*", RECIPE)]),
-                      q, k, v, mask)
+                          q, k, v, mask)
   assert quantized.shape == got.shape and not np.array_equal(quantized, got)
