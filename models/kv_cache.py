@@ -1,10 +1,11 @@
 """KV-cached decoding of :class:`models.transformer.DecoderLM`, quantized or not.
 
-:func:`cached_lm` wraps a ``DecoderLM`` (its params unchanged, its injected
-dot_generals too, so a recipe-quantized model decodes with the cache as well) as a
-:class:`models.sampling.CachedModel` for :func:`models.sampling.sample_cached`. The
-cache is a :class:`numerics.kv_quant.KVCache`: per layer, keys and values stored as
-a :class:`numerics.kv_quant.KVQuantSpec` says (fp32, bf16, e4m3/e5m2/int8 with
+:func:`cached_lm` wraps a ``DecoderLM`` (its params unchanged; one wrapped by
+``models.quantize_model`` keeps its rules, so a recipe-quantized model decodes with the
+cache as well) as a :class:`models.sampling.CachedModel` for
+:func:`models.sampling.sample_cached`. The cache is a
+:class:`numerics.kv_quant.KVCache`: per layer, keys and values stored as a
+:class:`numerics.kv_quant.KVQuantSpec` says (fp32, bf16, e4m3/e5m2/int8 with
 tensor/head/token/block scales, NVFP4). :func:`calibrate_scales` measures static
 per-tensor or per-head scales from calibration tokens; :func:`bytes_per_token` is
 the cache's memory per decoded token, measured from the cache pytree.
@@ -14,7 +15,7 @@ cache of ``P + N`` positions (what ``sample_cached`` makes) the attention runs o
 the same lengths as ``sample``'s buffer, so only the number of query rows differs
 between the two. On XLA:CPU a float32 GEMM's result depends on its row count (the
 blocking of the dot changes its summation order), so fp32 logits differ in the last
-bits (about 1e-6 relative, measured in the tests); bf16-input dot_generals and MX
+bits (about 1e-6 relative, measured in the tests); bf16 and MX
 recipes (per-row blocks) come out bit for bit equal there (tested).
 """
 

@@ -43,8 +43,9 @@ through them.
 
 Keys: loop ``r``, layer ``i`` uses ``fold_in(key, r * num_layers + i)``; the head
 ``fold_in(key, R * num_layers)``; the exit gate after loop ``r``
-``fold_in(key, R * num_layers + 1 + r)``. The gate's matmul uses
-``head_dot_general`` (like the head, it stays out of a projection recipe).
+``fold_in(key, R * num_layers + 1 + r)``. Every matmul is the transformer's
+:func:`models.transformer.fp32_dot_general`; quantize with :func:`models.quantize_model`
+(the gate's path is ``exit_gate``, the head's ``head``).
 
 Shapes: B batch, L sequence, S cache positions, P prompt, N completion, D d_model.
 """
@@ -62,8 +63,8 @@ import numpy as np
 
 from lowprec.models import kv_cache as kv_cache_lib
 from lowprec.models import sampling
-from lowprec.models.transformer import (Block, DotGeneral, Linear, TransformerConfig,
-                                fp32_dot_general, poison_overflow, check_cache)
+from lowprec.models.transformer import (Block, Linear, TransformerConfig, poison_overflow,
+                                        check_cache)
 from lowprec.numerics import kv_quant
 
 HALTING_RULES = ("fixed", "threshold")
@@ -144,9 +145,6 @@ class LoopedLM(nn.Module):
 
   config: TransformerConfig
   loop: LoopConfig = LoopConfig()
-  dot_general: DotGeneral = fp32_dot_general
-  attention_dot_general: DotGeneral | None = None  # None: dot_general
-  head_dot_general: DotGeneral | None = None  # None: dot_general (head and exit gate)
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, key: jax.Array,
@@ -178,11 +176,9 @@ class LoopedLM(nn.Module):
     pos_LxD = pos[:length] if cache is None else lax.dynamic_slice_in_dim(pos, start, length)
     h_BxLxD = embed(tokens_BxL) + pos_LxD[None]
     residual_scale = (2.0 * nl * rmax) ** -0.5
-    stack = [Block(cfg, self.dot_general, residual_scale, self.attention_dot_general,
-                   name=f"block_{i}") for i in range(nl)]
+    stack = [Block(cfg, residual_scale, name=f"block_{i}") for i in range(nl)]
     final_norm = nn.RMSNorm(name="final_norm")
-    small_dg = self.head_dot_general or self.dot_general
-    gate = (Linear(1, small_dg, name="exit_gate")
+    gate = (Linear(1, name="exit_gate")
             if self.loop.halting == "threshold" else None)
 
     forced = forced_BxL > 0
@@ -212,7 +208,7 @@ class LoopedLM(nn.Module):
         survive = survive * (1.0 - lam)
         running = running & ~(1.0 - survive >= jnp.float32(self.loop.threshold))
 
-    logits = Linear(cfg.vocab_size, small_dg, name="head")(
+    logits = Linear(cfg.vocab_size, name="head")(
         final_norm(h_BxLxD), jax.random.fold_in(key, rmax * nl))
     if cache is None:
       return logits, depth_used

@@ -4,13 +4,14 @@ Adapters are injected by intercepting the chosen ``Linear`` projections at apply
 (``flax.linen.intercept_methods``, the mechanism qwix uses), so a pretrained model's
 params load as they are. For a target projection with frozen kernel ``W [in, out]``:
 
-    y = dot_general(x, dequantize(W_stored), x.ndim-1 . 0, key) + (alpha / r) (x A) B
+    y = fp32_dot_general(x, dequantize(W_stored), x.ndim-1 . 0, key) + (alpha / r) (x A) B
 
-where ``dot_general`` is the projection's own injected matmul (a quantization recipe
-still applies to the base GEMM) and the adapter product is float32 at HIGHEST
-precision. ``A [in, r]`` starts as N(0, 1/in) (Kaiming-like: unit output variance for
-unit inputs; the LoRA paper's Gaussian A) and ``B [r, out]`` as zeros, so the adapted
-model starts equal to the base model.
+where ``fp32_dot_general`` is the projection's own matmul (on a model wrapped by
+``models.quantize_model`` the rule matching the projection quantizes this base GEMM)
+and the adapter product is float32 at HIGHEST precision. ``A [in, r]`` starts as
+N(0, 1/in) (Kaiming-like: unit output variance for unit inputs; the LoRA paper's
+Gaussian A) and ``B [r, out]`` as zeros, so the adapted model starts equal to the base
+model.
 
 Targets are fnmatch patterns on the module path (``block_0/qkv``); a pattern without
 ``/`` matches the last path component, so the default ``("qkv", "attn_out", "ff_in",
@@ -235,12 +236,13 @@ def _kernel_shape(stored: Any) -> tuple[int, ...]:
   return tuple(jnp.shape(stored))
 
 
-def _base_matmul(dot_general, x, w_stored, key, per_gemm: bool):
+def _base_matmul(x, w_stored, key, per_gemm: bool):
   dims = (((x.ndim - 1,), (0,)), ((), ()))
+  mm = transformer.fp32_dot_general
   if not per_gemm:
-    return dot_general(x, w_stored, dims, key)
+    return mm(x, w_stored, dims, key)
   # Recompute the dequantized weight in the backward pass instead of saving it.
-  return jax.checkpoint(lambda x_, w_, k_: dot_general(x_, dequantize_kernel(w_), dims, k_))(
+  return jax.checkpoint(lambda x_, w_, k_: mm(x_, dequantize_kernel(w_), dims, k_))(
       x, w_stored, key)
 
 
@@ -284,7 +286,7 @@ def apply(model: nn.Module, base: FrozenBase, adapters: dict[str, Adapter],
       return next_fun(*args, **kwargs)
     x, k = args
     ad = adapters[path]
-    y = _base_matmul(module.dot_general, x, weights[path], k, per_gemm)
+    y = _base_matmul(x, weights[path], k, per_gemm)
     return y + scale * _adapter_product(x, ad)
 
   with nn.intercept_methods(interceptor):

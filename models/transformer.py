@@ -1,17 +1,17 @@
-"""A small decoder-only transformer LM (Flax linen) with every matmul injected.
+"""A small decoder-only transformer LM (Flax linen) whose every matmul is interceptable.
 
-Quantization is never hard-wired: each matmul -- the q/k/v/output projections, the two
+Quantization is never hard-wired and comes in one way: wrap the model with
+:func:`models.quantize_model`. Each matmul -- the q/k/v/output projections, the two
 attention products (q.k and p.v), the feed-forward layers (dense, or the grouped expert
-GEMMs and the router of a mixture-of-experts layer) and the LM head -- calls the
-``dot_general(lhs, rhs, dimension_numbers, key) -> float32`` passed in (default: plain
-float32). The ``key`` is the per-call PRNG key (derived from the step key by ``fold_in``
-per layer and per matmul) so stochastic-rounding recipes get independent randomness
-everywhere; deterministic recipes ignore it. Parameters, norms and softmax stay in
-float32. To quantize the model, wrap it with :func:`models.quantize_model`: the default
-dot_general is intercepted per module path (``block_<i>/qkv``, ``block_<i>/attn_out``,
-``block_<i>/ff_in``, ``block_<i>/ff_out``, ``block_<i>/moe`` for the expert GEMMs,
-``block_<i>/moe/router``, ``head``; the two attention products run in ``block_<i>``
-itself) and keeps this key scheme.
+GEMMs and the router of a mixture-of-experts layer) and the LM head -- is
+:func:`fp32_dot_general` (plain float32), which the rules intercept per module path
+(``block_<i>/qkv``, ``block_<i>/attn_out``, ``block_<i>/ff_in``, ``block_<i>/ff_out``,
+``block_<i>/moe`` for the expert GEMMs, ``block_<i>/moe/router``, ``head``; the two
+attention products run in ``block_<i>`` itself). Each matmul gets its own PRNG key
+(derived from the step key by ``fold_in`` per layer and per matmul), which the
+interception hands to a recipe that draws random numbers, so stochastic rounding is
+independent everywhere; deterministic recipes ignore it. Parameters, norms and softmax
+stay in float32.
 
 With ``num_experts > 0`` every block's feed-forward is a top-k mixture of experts
 (:class:`MoEFeedForward`): capacity-limited dispatch into per-expert buffers, two grouped
@@ -53,7 +53,8 @@ DotGeneral = Callable[[jax.Array, jax.Array, DimensionNumbers, jax.Array], jax.A
 
 def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
                      key: jax.Array | None) -> jax.Array:
-  """Plain float32 dot_general with the injected signature.
+  """Plain float32 dot_general (HIGHEST precision, float32 out): every matmul of
+  :class:`DecoderLM`. Gradients are autodiff's.
 
   Under :func:`models.quantize_model` the op follows its module's rule and a recipe that
   draws random numbers uses ``key`` (this model's per-matmul key scheme); otherwise
@@ -67,8 +68,8 @@ def fp32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Dimensio
 def bf16_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers,
                      key: jax.Array | None) -> jax.Array:
   """bf16 operands (round to nearest even), float32 accumulation and output, with the
-  injected signature (``key`` unused). Gradients are autodiff's (the transposed GEMMs
-  in bf16 x bf16 -> float32)."""
+  ``(lhs, rhs, dimension_numbers, key)`` signature (``key`` unused). Gradients are
+  autodiff's (the transposed GEMMs in bf16 x bf16 -> float32)."""
   del key
   return lax.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
                          dimension_numbers, preferred_element_type=jnp.float32)
@@ -105,10 +106,9 @@ class TransformerConfig:
 
 
 class Linear(nn.Module):
-  """``x[..., in] @ kernel[in, out]`` through the injected dot_general (no bias)."""
+  """``x[..., in] @ kernel[in, out]`` through :func:`fp32_dot_general` (no bias)."""
 
   features: int
-  dot_general: DotGeneral
   init_scale: float = 1.0
 
   @nn.compact
@@ -116,7 +116,7 @@ class Linear(nn.Module):
     fan_in = x.shape[-1]
     kernel = self.param("kernel", nn.initializers.normal(self.init_scale / fan_in**0.5),
                         (fan_in, self.features), jnp.float32)
-    return self.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), key)
+    return fp32_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), key)
 
 
 def expert_capacity(num_tokens: int, config: TransformerConfig) -> int:
@@ -139,8 +139,6 @@ class MoEFeedForward(nn.Module):
   """
 
   config: TransformerConfig
-  dot_general: DotGeneral
-  router_dot_general: DotGeneral
   residual_scale: float
 
   @nn.compact
@@ -151,7 +149,7 @@ class MoEFeedForward(nn.Module):
     c = expert_capacity(t, cfg)
     sub = lambda tag: jax.random.fold_in(key, tag)
 
-    logits_TxE = Linear(e, self.router_dot_general, name="router")(x_TxD, sub(_ROUTER))
+    logits_TxE = Linear(e, name="router")(x_TxD, sub(_ROUTER))
     probs_TxE = jax.nn.softmax(logits_TxE.astype(jnp.float32), axis=-1)
     top_p_TxK, top_e_TxK = lax.top_k(probs_TxE, k)
     gates_TxK = top_p_TxK / jnp.sum(top_p_TxK, axis=-1, keepdims=True)
@@ -170,8 +168,8 @@ class MoEFeedForward(nn.Module):
     w_out = self.param("w_out", nn.initializers.normal(self.residual_scale * f**-0.5),
                        (e, f, d), jnp.float32)
     grouped = (((2,), (1,)), ((0,), (0,)))
-    h_ExCxF = jax.nn.gelu(self.dot_general(x_ExCxD, w_in, grouped, sub(_EXPERT_IN)))
-    y_ExCxD = self.dot_general(h_ExCxF, w_out, grouped, sub(_EXPERT_OUT))
+    h_ExCxF = jax.nn.gelu(fp32_dot_general(x_ExCxD, w_in, grouped, sub(_EXPERT_IN)))
+    y_ExCxD = fp32_dot_general(h_ExCxF, w_out, grouped, sub(_EXPERT_OUT))
 
     y_rows = jnp.concatenate([y_ExCxD.reshape(overflow, d), jnp.zeros((1, d), y_ExCxD.dtype)])
     weight_A = gates_TxK.T.reshape(-1) * kept_A
@@ -189,10 +187,6 @@ class MoEFeedForward(nn.Module):
 class Block(nn.Module):
   """Pre-norm causal self-attention + GELU MLP (dense or MoE), both residual.
 
-  ``dot_general`` serves the four projections and the expert GEMMs;
-  ``attention_dot_general`` the two attention products (q.k and p.v) and
-  ``router_dot_general`` the MoE router, both defaulting to ``dot_general``.
-
   Called as ``block(x, key)``: full causal self-attention over the L positions of x,
   returns x. Called as ``block(x, key, kv=(keys, values), start=start)`` with this
   layer's cache (:class:`numerics.kv_quant.QuantizedKV`, logically [B, H, S, K]): x
@@ -206,17 +200,13 @@ class Block(nn.Module):
   """
 
   config: TransformerConfig
-  dot_general: DotGeneral
   residual_scale: float
-  attention_dot_general: DotGeneral | None = None
-  router_dot_general: DotGeneral | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, key: jax.Array,
                kv: tuple[kv_quant.QuantizedKV, kv_quant.QuantizedKV] | None = None,
                start: jax.Array | None = None):
-    cfg, dg = self.config, self.dot_general
-    adg = self.attention_dot_general or dg
+    cfg = self.config
     b, length, d = x_BxLxD.shape
     h, k = cfg.num_heads, d // cfg.num_heads
     sub = lambda tag: jax.random.fold_in(key, tag)
@@ -227,7 +217,7 @@ class Block(nn.Module):
                        "layer's expert capacity depends on the number of tokens per call")
 
     y = nn.RMSNorm(name="attn_norm")(x_BxLxD)
-    qkv = Linear(3 * d, dg, name="qkv")(y, sub(_QKV))
+    qkv = Linear(3 * d, name="qkv")(y, sub(_QKV))
     q, kk, v = jnp.split(qkv.reshape(b, length, 3, h, k), 3, axis=2)
     q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = (t[:, :, 0].transpose(0, 2, 1, 3) for t in (q, kk, v))
     if kv is None:
@@ -239,23 +229,23 @@ class Block(nn.Module):
       keys_BxHxSxK, values_BxHxSxK = kv_quant.read(cached_k), kv_quant.read(cached_v)
       query_pos = start + jnp.arange(length)
       causal = jnp.arange(keys_BxHxSxK.shape[2])[None, :] <= query_pos[:, None]
-    scores_BxHxLxS = adg(q_BxHxLxK, keys_BxHxSxK, (((3,), (3,)), ((0, 1), (0, 1))),
-                         sub(_SCORES)) / jnp.sqrt(jnp.float32(k))
+    scores_BxHxLxS = fp32_dot_general(q_BxHxLxK, keys_BxHxSxK,
+                                      (((3,), (3,)), ((0, 1), (0, 1))),
+                                      sub(_SCORES)) / jnp.sqrt(jnp.float32(k))
     scores_BxHxLxS = jnp.where(causal, scores_BxHxLxS, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores_BxHxLxS, axis=-1)
-    attn_BxHxLxK = adg(probs, values_BxHxSxK, (((3,), (2,)), ((0, 1), (0, 1))),
-                       sub(_VALUES))
+    attn_BxHxLxK = fp32_dot_general(probs, values_BxHxSxK, (((3,), (2,)), ((0, 1), (0, 1))),
+                                    sub(_VALUES))
     attn_BxLxD = attn_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, length, d)
-    x_BxLxD = x_BxLxD + Linear(d, dg, self.residual_scale, name="attn_out")(
+    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, name="attn_out")(
         attn_BxLxD, sub(_ATTN_OUT))
 
     y = nn.RMSNorm(name="mlp_norm")(x_BxLxD)
     if cfg.num_experts:
-      moe = MoEFeedForward(cfg, dg, self.router_dot_general or dg, self.residual_scale,
-                           name="moe")
+      moe = MoEFeedForward(cfg, self.residual_scale, name="moe")
       return x_BxLxD + moe(y.reshape(b * length, d), key).reshape(b, length, d)
-    y = jax.nn.gelu(Linear(cfg.d_ff, dg, name="ff_in")(y, sub(_FF_IN)))
-    x_BxLxD = x_BxLxD + Linear(d, dg, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
+    y = jax.nn.gelu(Linear(cfg.d_ff, name="ff_in")(y, sub(_FF_IN)))
+    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
     return x_BxLxD if kv is None else (x_BxLxD, (cached_k, cached_v))
 
 
@@ -273,10 +263,6 @@ class DecoderLM(nn.Module):
   """
 
   config: TransformerConfig
-  dot_general: DotGeneral = fp32_dot_general
-  attention_dot_general: DotGeneral | None = None  # None: dot_general
-  head_dot_general: DotGeneral | None = None  # None: dot_general
-  router_dot_general: DotGeneral | None = None  # None: dot_general
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, key: jax.Array,
@@ -301,8 +287,7 @@ class DecoderLM(nn.Module):
     residual_scale = (2.0 * cfg.num_layers) ** -0.5
     keys, values = [], []
     for i in range(cfg.num_layers):
-      block = Block(cfg, self.dot_general, residual_scale, self.attention_dot_general,
-                    self.router_dot_general, name=f"block_{i}")
+      block = Block(cfg, residual_scale, name=f"block_{i}")
       if cache is None:
         x_BxLxD = block(x_BxLxD, jax.random.fold_in(key, i))
       else:
@@ -311,7 +296,7 @@ class DecoderLM(nn.Module):
         keys.append(k_i)
         values.append(v_i)
     x_BxLxD = nn.RMSNorm(name="final_norm")(x_BxLxD)
-    logits = Linear(cfg.vocab_size, self.head_dot_general or self.dot_general, name="head")(
+    logits = Linear(cfg.vocab_size, name="head")(
         x_BxLxD, jax.random.fold_in(key, cfg.num_layers))
     if cache is None:
       return logits

@@ -91,7 +91,7 @@ def test_replay_equals_the_rollout_bit_for_bit_with_the_dense_gradient(setting):
 def _by_hand(params, tokens, depth_BxL):
   """The loop from its definition: Block applied R times, position t updated while
   r < depth[t]; the shared block's own params; final norm and head by hand."""
-  block = Block(CFG, _model("fp32").dot_general, (2.0 * CFG.num_layers * R) ** -0.5)
+  block = Block(CFG, (2.0 * CFG.num_layers * R) ** -0.5)
   h = params["embed"]["embedding"][tokens] + params["pos_embed"][:tokens.shape[1]]
   for r in range(R):
     new = block.apply({"params": params["block_0"]}, h, jax.random.fold_in(KEY, r))

@@ -14,8 +14,7 @@ import pytest
 
 from lowprec import models
 from lowprec.models import lora
-from lowprec.models.transformer import (DecoderLM, TransformerConfig, bf16_dot_general,
-                                       next_token_loss)
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
 from lowprec.numerics import memory
 from lowprec.numerics.quantizer import QuantSpec
 
@@ -133,16 +132,18 @@ def test_gradients_reach_only_the_adapters():
 
 def test_a_rule_quantized_model_quantizes_the_base_gemms_not_the_adapter_products():
   """LoRA on ``quantize_model(DecoderLM, [Rule(".*", "bf16")])`` equals LoRA on the
-  DecoderLM with ``bf16_dot_general`` injected, value and adapter gradients bit for bit
-  (the adapter products float32 at HIGHEST in both). Before: the rule also caught the
-  adapters' two matmuls (kind ``matmul``) and ran them in bf16."""
+  same model under a bf16 rule for ``dot_general`` ops only (the kind of every one of
+  DecoderLM's own GEMMs, not of the adapters' ``jnp.matmul``), value and adapter
+  gradients bit for bit: the adapter products are float32 at HIGHEST in both. Before:
+  the first rule also caught the adapters' two matmuls (kind ``matmul``) and ran them in
+  bf16."""
   config, base, adapters = _setup()
   adapters = jax.tree.map(lambda a: a + 0.01, adapters)  # B = 0 hides the products
 
-  def value_and_grad(model):
+  def value_and_grad(rule):
+    model = models.quantize_model(MODEL, [rule])
     loss = lambda a: jnp.sum(lora.apply(model, base, a, TOKENS, KEY, config) ** 2)
     return jax.jit(jax.value_and_grad(loss))(adapters)
 
-  chex.assert_trees_all_equal(
-      value_and_grad(models.quantize_model(MODEL, [models.Rule(".*", "bf16")])),
-      value_and_grad(DecoderLM(CFG, dot_general=bf16_dot_general)))
+  chex.assert_trees_all_equal(value_and_grad(models.Rule(".*", "bf16")),
+                              value_and_grad(models.Rule(".*", "bf16", ops="dot_general")))

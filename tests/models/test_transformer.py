@@ -1,4 +1,4 @@
-"""Tests for models.transformer: shapes, causality, injected matmuls and their keys."""
+"""Tests for models.transformer: shapes, causality, its one matmul and the keys it gets."""
 
 import chex
 import jax
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from lowprec.models.transformer import (DecoderLM, TransformerConfig, fp32_dot_general,
-                                next_token_loss)
+from lowprec.models import quantization
+from lowprec.models import transformer
+from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
 
 CFG = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_ff=64,
                         max_len=16)
@@ -41,56 +42,55 @@ def test_causal():
   assert not np.allclose(la[0, 10:], lb[0, 10:])
 
 
-def test_every_matmul_goes_through_injected_dot_general():
+def _recording_matmuls(monkeypatch, make=None):
+  """Replaces the model's one matmul, ``transformer.fp32_dot_general``, by a recording
+  wrapper (``make(original)`` builds a replacement instead); returns the calls list."""
   calls = []
+  original = transformer.fp32_dot_general
 
   def recording(lhs, rhs, dn, key):
-    calls.append((lhs.shape, rhs.shape, tuple(np.asarray(key).tolist())))
-    return fp32_dot_general(lhs, rhs, dn, key)
+    calls.append((lhs.shape, rhs.shape, key))
+    return original(lhs, rhs, dn, key)
 
-  model = DecoderLM(CFG, dot_general=recording)
+  monkeypatch.setattr(transformer, "fp32_dot_general", make(original) if make else recording)
+  return calls
+
+
+def test_every_matmul_goes_through_fp32_dot_general(monkeypatch):
+  model = DecoderLM(CFG)
   params = _init(model)
-  calls.clear()
+  calls = _recording_matmuls(monkeypatch)
   model.apply({"params": params}, jnp.zeros((2, 16), jnp.int32), KEY)
   # per block: qkv, scores, values, attn_out, ff_in, ff_out; plus the head
   assert len(calls) == 6 * CFG.num_layers + 1
-  keys = [c[2] for c in calls]
+  keys = [tuple(np.asarray(c[2]).ravel().tolist()) for c in calls]
   assert len(set(keys)) == len(keys), "every matmul must get its own key"
-  # The model has no other matmul: with a dot_general that zeroes everything the logits
-  # are zero (the head is a matmul), so nothing bypasses the injection.
-  zero = lambda lhs, rhs, dn, key: jnp.zeros_like(fp32_dot_general(lhs, rhs, dn, key))
-  logits = DecoderLM(CFG, dot_general=zero).apply({"params": params},
-                                                  jnp.zeros((2, 16), jnp.int32), KEY)
+  # The model has no other matmul: with a matmul that zeroes everything the logits are
+  # zero (the head is a matmul), so nothing bypasses it.
+  _recording_matmuls(monkeypatch, lambda original: lambda lhs, rhs, dn, key: jnp.zeros_like(
+      original(lhs, rhs, dn, key)))
+  logits = model.apply({"params": params}, jnp.zeros((2, 16), jnp.int32), KEY)
   np.testing.assert_array_equal(logits, 0.0)
 
 
-def test_keys_change_with_step_key():
-  seen = []
-
-  def recording(lhs, rhs, dn, key):
-    seen.append(key)
-    return fp32_dot_general(lhs, rhs, dn, key)
-
-  model = DecoderLM(CFG, dot_general=recording)
+def test_keys_change_with_step_key(monkeypatch):
+  model = DecoderLM(CFG)
   params = _init(model)
-  seen.clear()
+  seen = _recording_matmuls(monkeypatch)
   model.apply({"params": params}, jnp.zeros((1, 8), jnp.int32), jax.random.PRNGKey(1))
-  first = [np.asarray(k) for k in seen]
+  first = [np.asarray(k) for _, _, k in seen]
   seen.clear()
   model.apply({"params": params}, jnp.zeros((1, 8), jnp.int32), jax.random.PRNGKey(2))
-  assert all(not np.array_equal(a, np.asarray(b)) for a, b in zip(first, seen))
+  assert len(seen) == len(first) == 6 * CFG.num_layers + 1
+  assert all(not np.array_equal(a, np.asarray(b)) for a, (_, _, b) in zip(first, seen))
 
 
-def test_bf16_dot_general_close_to_fp32():
-  def bf16(lhs, rhs, dn, key):
-    del key
-    return lax.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), dn,
-                           preferred_element_type=jnp.float32)
-
+def test_a_bf16_rule_is_close_to_fp32_and_not_equal():
   params = _init(DecoderLM(CFG))
   tokens = jax.random.randint(KEY, (2, 16), 0, CFG.vocab_size)
   ref = DecoderLM(CFG).apply({"params": params}, tokens, KEY)
-  low = DecoderLM(CFG, dot_general=bf16).apply({"params": params}, tokens, KEY)
+  low = quantization.quantize_model(DecoderLM(CFG), [quantization.Rule(".*", "bf16")]).apply(
+      {"params": params}, tokens, KEY)
   assert not np.array_equal(ref, low)
   np.testing.assert_allclose(low, ref, atol=0.1)
 
@@ -136,19 +136,19 @@ def test_rejects_too_long_and_bad_rank():
     model.apply({"params": params}, jnp.zeros((16,), jnp.int32), KEY)
 
 
-def test_attention_and_head_dot_generals_are_separate():
-  seen = {"linear": 0, "attn": 0, "head": 0}
-
-  def counting(tag):
-    def dg(lhs, rhs, dn, key):
-      seen[tag] += 1
-      return fp32_dot_general(lhs, rhs, dn, key)
-    return dg
-
-  model = DecoderLM(CFG, dot_general=counting("linear"),
-                    attention_dot_general=counting("attn"), head_dot_general=counting("head"))
-  model.init(KEY, jnp.zeros((1, 8), jnp.int32), KEY)
-  assert seen == {"linear": 4 * CFG.num_layers, "attn": 2 * CFG.num_layers, "head": 1}
+def test_each_matmul_issues_from_its_module_path():
+  """The paths rules select by: projections in their Linear, the two attention
+  products in the block itself, the head; every one a ``dot_general``."""
+  model = quantization.quantize_model(DecoderLM(CFG), [quantization.Rule(".*", None)])
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  params = jax.eval_shape(model.init, KEY, tokens, KEY)
+  with quantization.recording() as records:
+    jax.eval_shape(model.apply, params, tokens, KEY)
+  expected = [p for i in range(CFG.num_layers) for p in (
+      f"block_{i}/qkv", f"block_{i}", f"block_{i}", f"block_{i}/attn_out", f"block_{i}/ff_in",
+      f"block_{i}/ff_out")] + ["head"]
+  assert [r.path for r in records] == expected
+  assert {r.kind for r in records} == {"dot_general"}
 
 
 MOE = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_ff=32,
@@ -187,7 +187,7 @@ def test_moe_matches_dense_expert_reference():
   from lowprec.models.transformer import MoEFeedForward
   cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
                           experts_per_token=2, moe_capacity_factor=4.0)
-  layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)
+  layer = MoEFeedForward(cfg, 1.0)
   x = jax.random.normal(KEY, (10, 8))
   params = layer.init(KEY, x, KEY)["params"]
   out, state = layer.apply({"params": params}, x, KEY, mutable=["metrics"])
@@ -213,7 +213,7 @@ def test_moe_drops_past_capacity():
   from lowprec.models.transformer import MoEFeedForward
   cfg = TransformerConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, num_experts=4,
                           experts_per_token=1, moe_capacity_factor=0.25)
-  layer = MoEFeedForward(cfg, fp32_dot_general, fp32_dot_general, 1.0)
+  layer = MoEFeedForward(cfg, 1.0)
   x = jax.random.normal(KEY, (16, 8))
   params = layer.init(KEY, x, KEY)["params"]
   _, state = layer.apply({"params": params}, x, KEY, mutable=["metrics"])

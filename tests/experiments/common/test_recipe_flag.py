@@ -1,5 +1,6 @@
-"""The --recipe flag: DecoderLM quantized by rules gives exactly what the old injected
-dot_generals gave (every existing experiment's numbers stay bit-identical)."""
+"""The --recipe flag: DecoderLM quantized by rules gives exactly what the experiments'
+convention says, each GEMM in its recipe (every experiment's numbers stay what the old
+injected dot_generals gave)."""
 
 import chex
 import jax
@@ -15,28 +16,32 @@ from lowprec.numerics import recipes
 DN = (((1,), (0,)), ((), ()))
 
 
-def _old_model(cfg, recipe):
-  """DecoderLM built the way the experiments built it before the rule lists."""
-  if recipe == "fp32":
-    return transformer.DecoderLM(cfg)
-  plain = bf16_dot_general
-  return transformer.DecoderLM(cfg, dot_general=recipe_flag.recipe_dot_general(recipe),
-                               attention_dot_general=plain, head_dot_general=plain,
-                               router_dot_general=plain)
+def _by_role(cfg, recipe):
+  """The convention written out by operand shape, as a replacement for the model's one
+  matmul: attention products (batched, 4-D), the head ([D, V]) and the router ([D, E])
+  in bf16, every other GEMM (projections, the [E, D, F] expert GEMMs) in ``recipe``."""
+  projection = recipe_flag.recipe_dot_general(recipe)
+
+  def dot_general(lhs, rhs, dn, key):
+    attention = lhs.ndim == 4 and dn[1] == ((0, 1), (0, 1))
+    small = rhs.shape in ((cfg.d_model, cfg.vocab_size), (cfg.d_model, cfg.num_experts))
+    return (bf16_dot_general if attention or small else projection)(lhs, rhs, dn, key)
+
+  return dot_general
 
 
 @pytest.mark.parametrize("recipe,experts", [("fp32", 0), ("bf16", 2), ("mxfp8", 0),
                                             ("mxfp4", 2), ("nvfp4", 0)])
-def test_rule_list_equals_the_old_injected_dot_generals(recipe, experts):
+def test_rule_list_equals_each_gemm_in_its_recipe(recipe, experts, monkeypatch):
   # One block holds every rule's target (projections, attention, router, head); a
   # second block only doubled the compile (134 s for nvfp4 on a loaded 2-core machine).
   cfg = transformer.TransformerConfig(vocab_size=17, d_model=32, num_layers=1, num_heads=2,
                                       d_ff=64, max_len=32, num_experts=experts)
   tokens = jax.random.randint(jax.random.key(0), (2, 32), 0, 17)
-  old = _old_model(cfg, recipe)
+  plain = transformer.DecoderLM(cfg)
   new = recipe_flag.quantized_model(transformer.DecoderLM(cfg), recipe)
   key = jax.random.key(2)  # mxfp4 rounds dO stochastically and draws Hadamard signs
-  params = old.init(jax.random.key(1), tokens, key)
+  params = plain.init(jax.random.key(1), tokens, key)
   chex.assert_trees_all_equal_structs(new.init(jax.random.key(1), tokens, key), params)
 
   def loss(model):
@@ -45,7 +50,10 @@ def test_rule_list_equals_the_old_injected_dot_generals(recipe, experts):
       return jnp.mean(logits ** 2) + sum(jnp.sum(l) for l in jax.tree.leaves(sown)), logits
     return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
 
-  chex.assert_trees_all_equal(loss(new), loss(old))
+  got = loss(new)
+  if recipe != "fp32":  # fp32: the plain model is the reference
+    monkeypatch.setattr(transformer, "fp32_dot_general", _by_role(cfg, recipe))
+  chex.assert_trees_all_equal(got, loss(plain))
 
 
 def test_rules_and_recipe_names():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lowprec import models
 from lowprec.models import sampling
 from lowprec.models import transformer as tfm
 from lowprec.numerics import blockscale
@@ -20,6 +21,7 @@ from lowprec.numerics import qdot
 from lowprec.numerics import quantizer
 from lowprec.numerics.rl import sampler_copy as sc
 from lowprec.numerics import tree_paths
+from experiments.common import recipe_flag
 from experiments.mxfp8_rl import parity_tolerances
 from experiments.mxfp8_rl import serving
 from experiments.mxfp8_rl import weight_sync as ws
@@ -32,17 +34,6 @@ DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "mxfp8": jnp.bfloat16}
 QKV = "params/block_0/qkv/kernel"
 
 
-def _dot(recipe):
-  if recipe == "fp32":
-    return tfm.fp32_dot_general
-
-  def dot_general(lhs, rhs, dimension_numbers, key):
-    return qdot.quantized_dot_general(lhs, rhs, dimension_numbers, recipe, key=key,
-                                      preferred_element_type=jnp.float32)
-
-  return dot_general
-
-
 def _keep(recipe):
   return () if recipe == "fp32" else ("*/head/*",)  # the LM head stays bf16
 
@@ -53,12 +44,10 @@ def _plan(params, recipe, keep=None):
 
 
 @functools.lru_cache(None)
-def _logits_fn(recipe, head=None):
-  """jit ``(params, tokens) -> logits``: projections in ``recipe``, attention in bf16."""
-  head = head or ("bf16" if _keep(recipe) else recipe)
-  attn = "fp32" if recipe == "fp32" else "bf16"
-  model = tfm.DecoderLM(CFG, dot_general=_dot(recipe), attention_dot_general=_dot(attn),
-                        head_dot_general=_dot(head))
+def _logits_fn(recipe):
+  """jit ``(params, tokens) -> logits``: the experiments' rules for ``recipe``
+  (projections in it; attention and the head in bf16 unless it is fp32)."""
+  model = recipe_flag.quantized_model(tfm.DecoderLM(CFG), recipe)
   return jax.jit(lambda p, t: model.apply(p, t, jax.random.key(0)))
 
 
@@ -128,7 +117,7 @@ def probe():
 @pytest.fixture(scope="module")
 def stale(params):
   """The masters after 4 SGD steps (lr 0.1) of a bf16 learner: (step 1, step 4)."""
-  model = tfm.DecoderLM(CFG, dot_general=_dot("bf16"))
+  model = models.quantize_model(tfm.DecoderLM(CFG), [models.Rule(".*", "bf16")])
   data = jnp.asarray(np.random.default_rng(9).integers(0, CFG.vocab_size, (16, LENGTH + 1)),
                      jnp.int32)
 
