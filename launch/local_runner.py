@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -124,6 +125,38 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
     pass
 
 
+class _CtrlC:
+  """Counts Ctrl-C (SIGINT) while the runner runs, where KeyboardInterrupt would be
+  raised wherever the main thread happens to be. Raised inside ``Popen.wait`` or
+  ``poll`` just after ``waitpid`` reaped a run and before its status is stored, it
+  lost that status: the next wait found no child and reported 0, so a run stopped by
+  a second Ctrl-C counted as completed. Installed only in the main thread (the only one
+  Python delivers signals to) and not where SIGINT is ignored (``nohup``, a shell's
+  background job), which stays so; the previous handler is restored on exit."""
+
+  def __init__(self):
+    self.count = 0
+    self._previous = None
+    self._installed = False
+
+  def _on_sigint(self, signum, frame) -> None:  # pylint: disable=unused-argument
+    self.count += 1
+
+  def __enter__(self) -> "_CtrlC":
+    if (threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+      self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+      self._installed = True
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._installed:
+      # None: a handler not set from Python; the default is the closest to it.
+      signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None
+                    else self._previous)
+      self._installed = False
+
+
 def _next_startable(queue: list[RunSpec], waiting: set[str]) -> RunSpec | None:
   """The first queued run whose directory no live process holds; logs, once per run,
   each one it passes over because a process holds it."""
@@ -182,45 +215,49 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
     free.append(slot)
 
   try:
-    while queue or running:
-      while free and (spec := _next_startable(queue, waiting)) is not None:
-        queue.remove(spec)
-        slot = free.pop(0)
-        workdir = _in_repo(spec.workdir)
-        os.makedirs(workdir, exist_ok=True)
-        log_path = os.path.join(workdir, "launch.log")
-        log = open(log_path, "ab")
-        cores = slots[slot]
-        argv = [sys.executable, "-c", _PIN_AND_EXEC, str(os.getpid()),
-                ",".join(map(str, cores)), *_argv(spec.command)]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env,
-                                start_new_session=True)
-        running[slot] = (proc, spec, time.monotonic(), log_path, log)
-        logging.info("started %s on cpus %s (log %s)", spec.run_name, cores, log_path)
-      time.sleep(poll_s)
-      for slot, (proc, spec, t0, _, _) in list(running.items()):
-        rc = proc.poll()
-        if rc is None and timeout_s is not None and time.monotonic() - t0 > timeout_s:
-          _signal_group(proc, signal.SIGKILL)
-          rc = proc.wait()
-          logging.error("%s timed out after %.0f s", spec.run_name, timeout_s)
-        if rc is not None:
-          reap(slot, rc)
-  except KeyboardInterrupt:
-    logging.warning("interrupted: stopping %d running run(s); each checkpoints and exits "
-                    "(Ctrl-C again kills them without a checkpoint)", len(running))
-    for proc, *_ in running.values():
-      _signal_group(proc, signal.SIGTERM)
-    try:
-      for slot, (proc, *_) in list(running.items()):
-        reap(slot, proc.wait())
-    except KeyboardInterrupt:
-      logging.warning("interrupted again: killing %d run(s)", len(running))
-      for proc, *_ in running.values():
-        _signal_group(proc, signal.SIGKILL)
-      for slot, (proc, *_) in list(running.items()):
-        reap(slot, proc.wait())
-    raise SweepInterrupted(outcomes, [r.run_name for r in queue]) from None
+    with _CtrlC() as ctrl_c:
+      while (queue or running) and not ctrl_c.count:
+        while free and (spec := _next_startable(queue, waiting)) is not None:
+          queue.remove(spec)
+          slot = free.pop(0)
+          workdir = _in_repo(spec.workdir)
+          os.makedirs(workdir, exist_ok=True)
+          log_path = os.path.join(workdir, "launch.log")
+          log = open(log_path, "ab")
+          cores = slots[slot]
+          argv = [sys.executable, "-c", _PIN_AND_EXEC, str(os.getpid()),
+                  ",".join(map(str, cores)), *_argv(spec.command)]
+          proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env,
+                                  start_new_session=True)
+          running[slot] = (proc, spec, time.monotonic(), log_path, log)
+          logging.info("started %s on cpus %s (log %s)", spec.run_name, cores, log_path)
+        time.sleep(poll_s)
+        for slot, (proc, spec, t0, _, _) in list(running.items()):
+          rc = proc.poll()
+          if rc is None and timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            _signal_group(proc, signal.SIGKILL)
+            rc = proc.wait()
+            logging.error("%s timed out after %.0f s", spec.run_name, timeout_s)
+          if rc is not None:
+            reap(slot, rc)
+      if ctrl_c.count:
+        logging.warning("interrupted: stopping %d running run(s); each checkpoints and "
+                        "exits (Ctrl-C again kills them without a checkpoint)", len(running))
+        for proc, *_ in running.values():
+          _signal_group(proc, signal.SIGTERM)
+        killed = False
+        while running:
+          if ctrl_c.count > 1 and not killed:
+            logging.warning("interrupted again: killing %d run(s)", len(running))
+            for proc, *_ in running.values():
+              _signal_group(proc, signal.SIGKILL)
+            killed = True
+          time.sleep(poll_s)
+          for slot, (proc, *_) in list(running.items()):
+            rc = proc.poll()
+            if rc is not None:
+              reap(slot, rc)
+        raise SweepInterrupted(outcomes, [r.run_name for r in queue])
   finally:
     # Any other error: SIGTERM makes each run checkpoint and exit, so a re-run of the
     # sweep resumes them.

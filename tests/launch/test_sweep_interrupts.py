@@ -11,19 +11,25 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+import pytest
 
 from experiments.common import workdir as workdir_lib
 from experiments.common.repo_paths import REPO_DIR
-from launch.local_runner import run_local
+from launch.local_runner import SweepInterrupted, run_local
 from launch.manifest import RunSpec
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_run.py")
 
 # Runs run_local over the specs in argv[1] (JSON) and prints {run: returncode} of the
-# runs it stopped when Ctrl-C interrupts it.
+# runs it stopped when Ctrl-C interrupts it. SIGINT starts at its default, as in a
+# terminal's foreground job: a shell's background job (a suite started with `&`)
+# inherits it ignored, and the runner keeps it so.
 _DRIVER = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from launch.local_runner import SweepInterrupted, run_local
 from launch.manifest import RunSpec
 specs = [RunSpec(**s) for s in json.loads(sys.argv[1])]
@@ -91,6 +97,41 @@ def test_ctrl_c_stops_each_run_once_with_a_checkpoint_and_a_second_kills(tmp_pat
     assert "KeyboardInterrupt" not in _log(s), _log(s)
   assert open(os.path.join(quick.workdir, "checkpointed")).read() == "1"  # one TERM
   assert "Ctrl-C again kills them" in err
+
+
+def test_a_second_ctrl_c_as_a_run_is_reaped_loses_no_exit_status(tmp_path, monkeypatch):
+  """Before: the second Ctrl-C raised KeyboardInterrupt in ``Popen.wait`` after
+  ``waitpid`` had reaped the quick run and before its status was stored; the next wait
+  found no child and reported 0, so a preempted run counted as completed (seen once in
+  21 runs of the test above under load). Here the second Ctrl-C comes at exactly that
+  moment. (The stuck run's 30 s checkpoint bounds the test if it never comes.)"""
+  quick, stuck = _spec(tmp_path, "quick"), _spec(tmp_path, "stuck", term_delay=30)
+  ready = [os.path.join(s.workdir, "ready") for s in (quick, stuck)]
+  store_status = subprocess.Popen._handle_exitstatus  # pylint: disable=protected-access
+  sent = []
+
+  def reaped(proc, *args, **kwargs):
+    if not sent and proc.pid == int(open(ready[0]).read()):
+      sent.append(True)
+      os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, as quick is reaped
+    return store_status(proc, *args, **kwargs)
+
+  def first_ctrl_c():
+    for path in ready:
+      _wait_for(path)
+    os.kill(os.getpid(), signal.SIGINT)
+
+  monkeypatch.setattr(subprocess.Popen, "_handle_exitstatus", reaped)
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  threading.Thread(target=first_ctrl_c, daemon=True).start()
+  try:
+    with pytest.raises(SweepInterrupted) as stop:
+      run_local([quick, stuck], parallel=2, poll_s=0.05)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert {o.run_name: o.returncode for o in stop.value.outcomes} == {
+      "quick": 75, "stuck": -signal.SIGKILL}
+  assert open(os.path.join(quick.workdir, "checkpointed")).read() == "1"
 
 
 def test_runs_of_a_killed_runner_stop_and_a_rerun_waits_for_one_still_running(
