@@ -82,17 +82,17 @@ def view_dir(workdir: str, experiment: str) -> str:
   return parent if os.path.basename(parent) == experiment else workdir
 
 
-def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
-             setup: Callable[[], None] | None = None) -> Callable[[list[str]], None]:
-  """The absl ``main`` of an experiment: ``setup()`` (script-only settings), the run,
-  and :func:`print_run` on the writing process."""
+def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn
+             ) -> Callable[[list[str]], None]:
+  """The absl ``main`` of an experiment: the compilation cache
+  (:func:`turn_on_compilation_cache`), the run, and :func:`print_run` on the writing
+  process."""
 
   def main(argv: list[str]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     log_filters.quiet_library_info()
-    if setup is not None:
-      setup()
+    turn_on_compilation_cache(experiment)
     try:
       config = config_from_flags(config_cls)
       options = resolve_run_options(config_from_flags(RunOptions), experiment, config)
@@ -159,26 +159,27 @@ def _last_checkpoint(workdir: str) -> str:
   return f"step {steps[-1]} in {os.path.join(workdir, 'checkpoints')}" if steps else "none"
 
 
-def compilation_cache(experiment: str) -> Callable[[], None]:
-  """A ``setup`` that turns on JAX's persistent compilation cache
-  (``$JAX_COMPILATION_CACHE_DIR``, default ``<tmp>/jax_cache_<experiment>``).
+def turn_on_compilation_cache(experiment: str) -> str:
+  """Turns on JAX's persistent compilation cache for this process, in
+  ``$JAX_COMPILATION_CACHE_DIR`` (default ``<tmp>/jax_cache_<experiment>``); returns
+  the directory.
 
-  A sweep's runs of one arm compile the same programs (only data values differ by
-  seed), so the cache cuts each later run's XLA compile on CPU to a few seconds.
-  Script-only: library callers (tests) are unaffected."""
+  Every experiment script does this first: a sweep's runs of one arm compile the same
+  programs (only data values differ by seed), and a resumed run the programs its first
+  part compiled, so each later run loads them instead of compiling them again (JAX's
+  default floor: programs that took 1 s or more to compile; only process 0 of a
+  multi-process job writes). A hit is the executable the same lowered program compiles
+  to, so results are unchanged; only ``perf/first_step_s`` drops. Script-only: library
+  callers (tests) are unaffected."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  directory = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                             os.path.join(tempfile.gettempdir(), f"jax_cache_{experiment}"))
+  jax.config.update("jax_compilation_cache_dir", directory)
+  return directory
 
-  def setup() -> None:
-    import tempfile  # pylint: disable=import-outside-toplevel
-    import jax  # pylint: disable=import-outside-toplevel
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR",
-        os.path.join(tempfile.gettempdir(), f"jax_cache_{experiment}")))
 
-  return setup
-
-
-def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn, *,
-        setup: Callable[[], None] | None = None) -> None:
+def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn) -> None:
   """Defines the flags and runs :func:`main_for` (call from ``__main__`` only)."""
   define_script_flags(config_cls, RunOptions)
-  app.run(main_for(config_cls, experiment, train_and_evaluate, setup=setup))
+  app.run(main_for(config_cls, experiment, train_and_evaluate))

@@ -6,5 +6,5 @@ from experiments.memoir import experiment
 __doc__ = experiment.__doc__  # what --help prints first
 
 if __name__ == "__main__":
-  script.run(experiment.MemoirExperimentConfig, experiment.EXPERIMENT, experiment.train_and_evaluate,
-             setup=script.compilation_cache(experiment.EXPERIMENT))
+  script.run(experiment.MemoirExperimentConfig, experiment.EXPERIMENT,
+             experiment.train_and_evaluate)

@@ -6,5 +6,4 @@ from experiments.temperon import experiment
 __doc__ = experiment.__doc__  # what --help prints first
 
 if __name__ == "__main__":
-  script.run(experiment.TemperonConfig, experiment.EXPERIMENT, experiment.train_and_evaluate,
-             setup=script.compilation_cache(experiment.EXPERIMENT))
+  script.run(experiment.TemperonConfig, experiment.EXPERIMENT, experiment.train_and_evaluate)
