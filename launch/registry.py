@@ -8,6 +8,7 @@ is imported only when its sweep is asked for, never at the top of ``launch``.
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 from experiments.common.sweep_spec import Sweep
 
@@ -42,6 +43,14 @@ _REGISTRY: dict[str, str] = {
 
 def names() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
+
+
+def appendix_function(spec: str) -> Callable[[str], str]:
+  """The function a declaration's ``appendix`` (``"module:function"``) names. Only a
+  :class:`Sweep` declared in the repository supplies ``spec``, never a sweep
+  directory's data (:func:`launch.report.registered_appendix`)."""
+  module, function = spec.split(":")
+  return getattr(importlib.import_module(module), function)
 
 
 def get(name: str) -> Sweep:

@@ -13,12 +13,11 @@ to the repository root), so rebuilding a committed report reproduces it exactly.
 from __future__ import annotations
 
 import collections
-import importlib
 import math
 import os
 import shlex
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from absl import app, flags
 
@@ -29,6 +28,7 @@ from experiments.common.stats import decide_claim, paired_difference, summarize
 from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
                                            run_dir)
 from experiments.common.tensorboard_reader import has_event_files, read_scalars
+from launch import registry
 from launch import sequential_runner
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
@@ -152,6 +152,35 @@ def claims_table(info: dict[str, Any], values_of) -> list[str]:
     lines.append(f"| {c['text']}{source} | `{c['arm']}` {c['kind']} than/as "
                  f"`{c['baseline']}` on `{c['metric']}` | {cell} | **{verdict}** |")
   return lines + [""]
+
+
+class UntrustedAppendix(ValueError):
+  """A ``sweep.json`` names report code its registered declaration does not."""
+
+
+def registered_appendix(info: dict[str, Any]) -> Callable[[str], str] | None:
+  """The appendix function of the sweep ``info`` (``sweep.json``) records, taken from
+  the sweep's registered declaration (:mod:`launch.registry`: code in the repository),
+  never from the data: a sweep directory is data, and rebuilding a report someone sent
+  must not run code it names. None when the sweep declares no appendix.
+
+  Raises :class:`UntrustedAppendix` when ``sweep.json`` names an appendix and the sweep
+  is not registered, or names another appendix than its declaration does."""
+  recorded = info.get("appendix")
+  if not recorded:
+    return None
+  name = info.get("name")
+  if name not in registry.names():
+    raise UntrustedAppendix(
+        f"sweep.json names the appendix {recorded!r}, but {name!r} is not a registered "
+        "sweep (launch.registry); an appendix runs only from a registered declaration, "
+        "never from a sweep directory's data. Remove \"appendix\" to build the rest.")
+  declared = registry.get(name).appendix
+  if recorded != declared:
+    raise UntrustedAppendix(
+        f"sweep.json names the appendix {recorded!r}, but the registered sweep {name!r} "
+        f"declares {declared!r}; refusing to run code a sweep directory names.")
+  return registry.appendix_function(declared) if declared else None
 
 
 def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
@@ -347,9 +376,9 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
             f"from the committed data; `tensorboard --logdir {recorded_dir}/runs "
             "--host 127.0.0.1` shows every run's scalars and the HParams table (the "
             "runs' directory: each run then has its own name).", ""]
-  if info.get("appendix"):
-    module, function = info["appendix"].split(":")
-    lines += [getattr(importlib.import_module(module), function)(sweep_dir)]
+  appendix = registered_appendix(info)
+  if appendix is not None:
+    lines += [appendix(sweep_dir)]
   findings = os.path.join(sweep_dir, FINDINGS)
   if os.path.exists(findings):  # hand-written reading of the results survives rebuilds
     with open(findings) as f:
@@ -370,7 +399,11 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   log_filters.quiet_library_info()  # TensorBoard's reader: a line per run directory
-  print(build_report(flags.FLAGS.sweep_dir, flags.FLAGS.confidence))
+  try:
+    print(build_report(flags.FLAGS.sweep_dir, flags.FLAGS.confidence))
+  except UntrustedAppendix as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   return 0
 
 

@@ -17,6 +17,7 @@ from absl import app, flags
 
 from experiments.common import distributed
 from experiments.common import log_filters
+from experiments.common import private_dirs
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer
 from experiments.common.config_flags import config_from_flags, define_flags
@@ -159,10 +160,19 @@ def _last_checkpoint(workdir: str) -> str:
   return f"step {steps[-1]} in {os.path.join(workdir, 'checkpoints')}" if steps else "none"
 
 
-def turn_on_compilation_cache(experiment: str) -> str:
-  """Turns on JAX's persistent compilation cache for this process, in
-  ``$JAX_COMPILATION_CACHE_DIR`` (default ``<tmp>/jax_cache_<experiment>``); returns
-  the directory.
+def turn_on_compilation_cache(experiment: str) -> str | None:
+  """Turns on JAX's persistent compilation cache for this process and returns its
+  directory, or turns the cache off with one warning and returns None when that
+  directory is not private to this user.
+
+  The directory is ``$JAX_COMPILATION_CACHE_DIR`` when set, else this user's
+  ``<cache home>/lowprec/jax_cache_<experiment>``
+  (:func:`experiments.common.private_dirs.default_cache_dir`: created 0700). JAX loads
+  whatever executable it finds there without checking who wrote it, so a directory
+  another user owns or can write (or swap: a writable directory above it without the
+  sticky bit) would let them choose the native code this run executes; such a
+  directory is not used (:func:`experiments.common.private_dirs.unsafe_reason`). A
+  remote cache (``gs://...``) is used as given.
 
   Every experiment script does this first: a sweep's runs of one arm compile the same
   programs (only data values differ by seed), and a resumed run the programs its first
@@ -171,10 +181,20 @@ def turn_on_compilation_cache(experiment: str) -> str:
   multi-process job writes). A hit is the executable the same lowered program compiles
   to, so results are unchanged; only ``perf/first_step_s`` drops. Script-only: library
   callers (tests) are unaffected."""
-  import tempfile  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  directory = os.environ.get("JAX_COMPILATION_CACHE_DIR",
-                             os.path.join(tempfile.gettempdir(), f"jax_cache_{experiment}"))
+  explicit = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
+  try:
+    if "://" in explicit:
+      directory = explicit
+    elif explicit:
+      directory = private_dirs.private_directory(explicit)
+    else:
+      directory = private_dirs.default_cache_dir(f"jax_cache_{experiment}")
+  except OSError as e:
+    jax.config.update("jax_enable_compilation_cache", False)
+    print(f"warning: compilation cache off: {e}. Set JAX_COMPILATION_CACHE_DIR to a "
+          "directory only you can write to keep it on.", file=sys.stderr)
+    return None
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory
 

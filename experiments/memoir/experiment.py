@@ -11,11 +11,11 @@ The model and its design notes (what is the paper's, what is ours) are in
 ``checkpoint_every`` steps) and, when the run completes, one row in ``--results_file``.
 
 The script enables JAX's persistent compilation cache, as every experiment script does
-(``$JAX_COMPILATION_CACHE_DIR``, default ``<tmp>/jax_cache_memoir``). The task defaults
-(8 pairs, shared 0.3, query noise 0.1, lr 1e-3) were picked from four single-seed
-calibration runs so that 240 steps fall near the sharp rise in recall (chance -> ~0.95
-between steps 120 and 240 in a 960-step schedule), i.e. where a learning-speed
-difference can show.
+(``$JAX_COMPILATION_CACHE_DIR``, default ``~/.cache/lowprec/jax_cache_memoir``). The task
+defaults (8 pairs, shared 0.3, query noise 0.1, lr 1e-3) were picked from four
+single-seed calibration runs so that 240 steps fall near the sharp rise in recall
+(chance -> ~0.95 between steps 120 and 240 in a 960-step schedule), i.e. where a
+learning-speed difference can show.
 """
 
 from __future__ import annotations
