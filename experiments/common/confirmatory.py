@@ -259,9 +259,53 @@ def sizing_table(info: Mapping[str, Any], pilots: Mapping[str, Pilot]) -> str:
   return "\n".join(lines)
 
 
+def undecided_table(sweep_dir: str) -> str:
+  """Markdown: for each *better*/*worse* claim still undecided after the sweep's last
+  look, its paired differences on the confirmatory seeds (mean, sd, n), the seeds a
+  fixed-n paired t-test would need to decide the observed mean with 80% power were it
+  the true effect (:func:`experiments.common.stats.seeds_needed`), and the
+  distribution-free sign-test interval of the median difference beside the t-interval
+  (:func:`experiments.common.stats.median_interval`). Empty when every such claim is
+  decided."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from experiments.common.stats import median_interval, seeds_needed  # pylint: disable=import-outside-toplevel
+  info, runs = evaluation_metrics(sweep_dir)
+  rows = []
+  for i, (c, o) in enumerate(zip(info["claims"], confirmatory_outcomes(sweep_dir)), 1):
+    if _decided(o.verdict) or c["kind"] not in ("better", "worse"):
+      continue
+    arm, base = runs.get(c["arm"], {}), runs.get(c["baseline"], {})
+    d = np.asarray([arm[s][c["metric"]] - base[s][c["metric"]] for s in sorted(arm)
+                    if s in base and c["metric"] in arm[s] and c["metric"] in base[s]])
+    if d.size < 2:
+      continue
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    need = seeds_needed(mean, sd)
+    m = median_interval(d)
+    rows.append(f"| {i} | {_fmt(mean)} | {_fmt(sd)} | {d.size} | "
+                f"{need if need is not None else 'n/a'} | {_fmt(m.median)} "
+                f"[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}] ({100 * m.coverage:.1f}%) |")
+  if not rows:
+    return ""
+  return "\n".join([
+      "", "## Undecided claims: the seeds their observed effect would need", "",
+      "For each *better*/*worse* claim not decided after the last look: the paired "
+      "differences `arm − baseline` on this sweep's seeds, the seeds a fixed-n two-sided "
+      "paired t-test at level 0.05 would need to decide that mean with 80% power were "
+      "it the true effect (`experiments.common.stats.seeds_needed`; a sequential plan "
+      "needs somewhat more at its cap), and the sign-test interval of the median "
+      "difference with its exact coverage, which assumes no normality "
+      "(`experiments.common.stats.median_interval`). The observed mean is itself "
+      "uncertain: a guide to the scale of the next round, not a prediction.", "",
+      "| claim | mean | sd | n | seeds needed (80% power, fixed n) | median [sign-test "
+      "interval] (coverage) |", "|---|---|---|---|---|---|", *rows, ""])
+
+
 def confirm_sections(sweep_dir: str, pilots: Mapping[str, Pilot]) -> str:
-  """A confirmatory sweep's appendix: :func:`side_by_side` and :func:`sizing_table`."""
-  return side_by_side(sweep_dir, pilots) + sizing_table(read_sweep_info(sweep_dir), pilots)
+  """A confirmatory sweep's appendix: :func:`side_by_side`, :func:`undecided_table` and
+  :func:`sizing_table`."""
+  return (side_by_side(sweep_dir, pilots) + undecided_table(sweep_dir)
+          + sizing_table(read_sweep_info(sweep_dir), pilots))
 
 
 # ---- Count claims: "exact in n of n runs" ---------------------------------------------

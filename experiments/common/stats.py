@@ -186,6 +186,63 @@ def sign_test(differences: Sequence[float]) -> tuple[int, int, float]:
   return k, int(d.size), float(stats.binomtest(k, int(d.size), 0.5).pvalue)
 
 
+def seeds_needed(mean: float, sd: float, power: float = 0.8, alpha: float = 0.05,
+                 cap: int = 100_000) -> int | None:
+  """The smallest number of paired seeds at which a fixed-n two-sided paired t-test at
+  level ``alpha`` detects a true mean difference ``mean`` (per-seed sd ``sd``) with
+  probability at least ``power``: the noncentral t, power =
+  P(|T| > t_{1-alpha/2, n-1}) with T ~ t'(n-1, mean*sqrt(n)/sd). None when ``mean`` is 0
+  or no n up to ``cap`` reaches ``power``. How many seeds an undecided claim's observed
+  effect would need, were it the true effect (a point estimate: a guide, not a promise).
+  """
+  if not (math.isfinite(mean) and math.isfinite(sd)) or mean == 0 or sd <= 0:
+    return None
+  delta = abs(mean) / sd
+  # The normal approximation undershoots the t-test's n by a few: search upward from it.
+  z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+  n = max(2, int((z / delta) ** 2) - 2)
+  while n <= cap:
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = delta * math.sqrt(n)
+    achieved = stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc)
+    if achieved >= power:
+      return n
+    n += 1
+  return None
+
+
+class MedianInterval(NamedTuple):
+  """A distribution-free interval for the median of paired differences: the order
+  statistics ``[d_(k), d_(n+1-k)]`` with the largest ``k`` whose exact binomial coverage
+  ``1 - 2 P(Bin(n, 1/2) < k)`` is at least the level asked (``coverage`` is the exact
+  value; it assumes only independent differences with a continuous distribution)."""
+
+  median: float
+  ci_low: float
+  ci_high: float
+  coverage: float
+  n: int
+
+
+def median_interval(differences: Sequence[float], confidence: float = 0.95
+                    ) -> MedianInterval:
+  """The sign-test interval for the median of ``differences`` (:class:`MedianInterval`):
+  the check beside a t-interval when the differences are far from normal (heavy tails).
+  With too few values for ``confidence`` (n < 6 at 95%) the interval is the full range
+  and ``coverage`` says what it reaches."""
+  d = np.sort(np.asarray(differences, np.float64))
+  n = int(d.size)
+  if n == 0:
+    return MedianInterval(math.nan, math.nan, math.nan, math.nan, 0)
+  k, coverage = 1, 1 - 2 * float(stats.binom.cdf(0, n, 0.5))
+  for j in range(2, n // 2 + 1):
+    c = 1 - 2 * float(stats.binom.cdf(j - 1, n, 0.5))
+    if c < confidence:
+      break
+    k, coverage = j, c
+  return MedianInterval(float(np.median(d)), float(d[k - 1]), float(d[n - k]), coverage, n)
+
+
 class ClaimDecision(NamedTuple):
   """A declared claim decided by the fixed-n rule of the claims table: the paired
   difference, the equivalence test (``equivalent`` and ``not_better`` claims; else

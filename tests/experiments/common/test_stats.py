@@ -97,3 +97,27 @@ def test_sign_test_exact_binomial():
   k, n, p = sign_test([0.3, -0.1, 0.0, 0.2, 0.5])  # the zero is dropped
   assert (k, n) == (3, 4) and p == pytest.approx(stats.binomtest(3, 4).pvalue)
   assert math.isnan(sign_test([0.0, 0.0])[2])
+
+
+def test_seeds_needed_matches_published_paired_t_sample_sizes():
+  # Two-sided paired t-test, level 0.05, power 0.8: n for effect sizes d = 0.2, 0.5, 1
+  # (Cohen's tables as G*Power reproduces them: 199, 34, 10).
+  from experiments.common.stats import seeds_needed
+  assert seeds_needed(0.2, 1.0) == 199
+  assert seeds_needed(-1.0, 2.0) == 34  # sign does not matter; only |mean| / sd
+  assert seeds_needed(1.0, 1.0) == 10
+  assert seeds_needed(0.0, 1.0) is None
+
+
+def test_median_interval_coverage_by_counting():
+  # The sign-test interval [d_(k), d_(n+1-k)]: coverage 1 - 2 P(Bin(n, 1/2) < k),
+  # counted here with math.comb; k the largest with coverage >= 0.95.
+  from experiments.common.stats import median_interval
+  for n in (6, 9, 20, 60):
+    d = np.random.default_rng(n).standard_t(2, size=n)
+    cover = lambda k: 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    k = max(j for j in range(1, n // 2 + 1) if cover(j) >= 0.95)
+    m = median_interval(d)
+    s = np.sort(d)
+    assert (m.ci_low, m.ci_high, m.n) == (s[k - 1], s[n - k], n)
+    assert m.coverage == pytest.approx(cover(k), abs=1e-12)
