@@ -38,6 +38,8 @@ _REGISTRY: dict[str, str] = {
     "kv_cache_confirm": "experiments.kv_cache.sweeps:kv_cache_confirm",
     "memoir_confirm": "experiments.memoir.sweeps:memoir_confirm",
     "temperon_confirm": "experiments.temperon.sweeps:temperon_confirm",
+    # The second round (issue 50): the claims that only ever had a pilot.
+    "temperon_confirm2": "experiments.temperon.sweeps:temperon_confirm2",
 }
 
 
