@@ -37,6 +37,7 @@ _REGISTRY: dict[str, str] = {
     "fair_cast_confirm": "experiments.fair_cast.sweeps:fair_cast_confirm",
     "kv_cache_confirm": "experiments.kv_cache.sweeps:kv_cache_confirm",
     "memoir_confirm": "experiments.memoir.sweeps:memoir_confirm",
+    "memoir_energy": "experiments.memoir.sweeps:memoir_energy",
     "temperon_confirm": "experiments.temperon.sweeps:temperon_confirm",
     # The second round (issue 50): the claims that only ever had a pilot.
     "temperon_confirm2": "experiments.temperon.sweeps:temperon_confirm2",

@@ -234,3 +234,9 @@ def confirm_appendix(sweep_dir: str) -> str:
   from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.memoir.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
+
+
+def energy_appendix(sweep_dir: str) -> str:
+  """The energy-margin sweep's appendix: the undecided claims' needs (if any)."""
+  from experiments.common.confirmatory import undecided_table  # pylint: disable=import-outside-toplevel
+  return undecided_table(sweep_dir)
