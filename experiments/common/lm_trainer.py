@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +160,53 @@ def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.A
   return {name: jnp.mean(jnp.stack(values)) for name, values in grouped.items()}
 
 
+class LMParts(NamedTuple):
+  """What an LM run trains: the recipe its ``--recipe`` names, the quantized model,
+  whether the model carries quantization state (delayed scaling, backward telemetry:
+  the train state's params are then ``{"params", OVERWRITE}``), ``apply(params, inputs,
+  key) -> (logits, sown)`` and ``loss_fn(params, batch, key) -> (loss, aux)``."""
+
+  recipe: recipes_lib.Recipe
+  model: Any
+  stateful: bool
+  apply: Callable[..., Any]
+  loss_fn: Callable[..., Any]
+
+
+def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
+  """The model and loss of an LM run of ``config`` over ``vocab_size`` tokens
+  (:class:`LMParts`). Losses the model sows (the MoE balance loss) are added to the
+  next-token loss, summed over layers; ``aux`` holds the accuracy, each sown loss and
+  metric (mean over layers) and the numerics telemetry."""
+  recipe = recipes_lib.get(config.model_recipe())
+  model = quantization.quantize_model(
+      DecoderLM(config.transformer_config(vocab_size)),
+      recipe_flag.model_rules(recipe), telemetry=config.numerics_telemetry)
+  stateful = quantization.OVERWRITE in jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
+                         jax.random.PRNGKey(0)))
+  telemetry = [quantization.NUMERICS] if config.numerics_telemetry else []
+
+  def apply(params, inputs, key):
+    variables = params if stateful else {"params": params}
+    return model.apply(variables, inputs, key,
+                       mutable=["losses", "metrics"] + telemetry)
+
+  def loss_fn(params, batch, key):
+    logits, sown = apply(params, batch["inputs"], key)
+    loss, accuracy = next_token_loss(logits, batch["targets"])
+    sown_losses = jax.tree.leaves(sown.get("losses", {}))
+    aux = {"accuracy": accuracy}
+    if sown_losses:
+      aux["next_token_loss"] = loss
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
+    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
+    aux.update(quantization.telemetry_scalars(sown.get(quantization.NUMERICS)))
+    return loss + sum(jnp.sum(l) for l in sown_losses), aux
+
+  return LMParts(recipe, model, stateful, apply, loss_fn)
+
+
 def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                        ) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
@@ -183,36 +230,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                                    config.max_chars)
   # The one place the --recipe name becomes a Recipe: the rules, the inspector and the
   # quantized GEMMs below receive the object.
-  recipe = recipes_lib.get(config.model_recipe())
-  model = quantization.quantize_model(
-      DecoderLM(config.transformer_config(splits.vocab.size)),
-      recipe_flag.model_rules(recipe), telemetry=config.numerics_telemetry)
+  recipe, model, stateful, apply, loss_fn = build_lm(config, splits.vocab.size)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
   replicated = distributed.replicated(mesh)
-  # Delayed scaling (and telemetry of the backward GEMMs) keeps state in the
-  # OVERWRITE collection: the train state's params then hold {"params", OVERWRITE}.
-  stateful = quantization.OVERWRITE in jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
-                         jax.random.PRNGKey(0)))
-  telemetry = [quantization.NUMERICS] if config.numerics_telemetry else []
-
-  def apply(params, inputs, key):
-    variables = params if stateful else {"params": params}
-    return model.apply(variables, inputs, key,
-                       mutable=["losses", "metrics"] + telemetry)
-
-  def loss_fn(params, batch, key):
-    logits, sown = apply(params, batch["inputs"], key)
-    loss, accuracy = next_token_loss(logits, batch["targets"])
-    sown_losses = jax.tree.leaves(sown.get("losses", {}))
-    aux = {"accuracy": accuracy}
-    if sown_losses:
-      aux["next_token_loss"] = loss
-    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "losses").items()})
-    aux.update({f"sown/{k}": v for k, v in _sown_scalars(sown, "metrics").items()})
-    aux.update(quantization.telemetry_scalars(sown.get(quantization.NUMERICS)))
-    return loss + sum(jnp.sum(l) for l in sown_losses), aux
 
   @functools.partial(jax.jit, out_shardings=replicated)
   def init(key):
