@@ -97,7 +97,7 @@ def measure() -> dict[str, Any]:
 def verdict(lines: dict[str, int]) -> str:
   """``held`` when the optimizer state exceeds every other line, else ``not held``
   naming the larger lines."""
-  larger = [k for k, v in lines.items() if k != "optimizer_state"
+  larger = [k.replace("_", " ") for k, v in lines.items() if k != "optimizer_state"
             and v >= lines["optimizer_state"]]
   return "held" if not larger else "not held (" + ", ".join(larger) + " as large or larger)"
 
@@ -135,7 +135,7 @@ def build_report(out_dir: str) -> str:
       "## Every line by batch (float32 moments)", "",
       "| batch | weights MB | gradients MB | optimizer state MB | activations and "
       "workspace MB | largest |", "|---|---|---|---|---|---|"]
-  for b, v in record["by_batch"].items():
+  for b, v in sorted(record["by_batch"].items(), key=lambda kv: int(kv[0])):
     largest = max(v, key=v.get).replace("_", " ")
     lines.append(f"| {b} x {cfg['seq_len']} | {_mb(v['weights'])} | "
                  f"{_mb(v['gradients'])} | {_mb(v['optimizer_state'])} | "

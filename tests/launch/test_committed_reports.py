@@ -31,7 +31,7 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
-           "looped_rl/report_confirm")
+           "looped_rl/report_confirm", "memoir/report_energy")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
@@ -61,7 +61,9 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
 
 
 # experiments/<these> : benchmark reports decided by rounds (a JSON and its REPORT.md)
-BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm"}
+BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm",
+                     "optimizer_state/report_memory":
+                         "experiments.optimizer_state.memory_budget"}
 
 
 @pytest.mark.parametrize("paper", sorted(BENCHMARK_REPORTS))

@@ -30,5 +30,5 @@ def test_lines_of_a_tiny_step():
 
 def test_verdict():
   assert memory_budget.verdict({"weights": 1, "optimizer_state": 2, "x": 1}) == "held"
-  assert memory_budget.verdict({"weights": 1, "optimizer_state": 2, "x": 2}) == (
-      "not held (x as large or larger)")
+  assert memory_budget.verdict({"weights": 1, "optimizer_state": 2, "x_y": 2}) == (
+      "not held (x y as large or larger)")
