@@ -386,9 +386,8 @@ def define_flags() -> None:
   flags.DEFINE_float("time_budget_s", 450.0,
                      "skip remaining stages after this many seconds")
   flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
-  flags.DEFINE_string("tests", "",
-                      f"pytest -k expression: the correctness stage's tests of {_KERNEL_TESTS} "
-                      "(default: all)")
+  flags.DEFINE_string("tests", "", "pytest -k expression: the correctness stage's "
+                      f"tests of {_KERNEL_TESTS} (default: all)")
 
 
 def main(argv):

@@ -87,10 +87,12 @@ assert "estimate_ms" not in kc._rate(2e-3, 4.8e9, 4e12, None)
 # The exit status: a correctness stage that timed out or ran no test proves nothing.
 passed = dict(exit_code=0, counts=dict(passed=3, skipped=1))
 assert kc.correctness_failure(passed) is None
-assert "timed out" in kc.correctness_failure(dict(exit_code=None, error="timed out after 9 s"))
+timed_out = dict(exit_code=None, error="timed out after 9 s")
+assert "timed out" in kc.correctness_failure(timed_out)
 assert "exit 4" in kc.correctness_failure(dict(exit_code=4, counts={}))
 assert "no kernel test passed" in kc.correctness_failure(dict(exit_code=0, counts={}))
-assert "failed" in kc.correctness_failure(dict(exit_code=1, counts=dict(passed=2, failed=1)))
+failed = dict(exit_code=1, counts=dict(passed=2, failed=1))
+assert "failed" in kc.correctness_failure(failed)
 print("ok")
 """
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
