@@ -2,7 +2,8 @@
 
     # on one GPU/TPU, designed for ~8 min:
     python -m experiments.benchmarks.kernel_check --out=device_check.json
-    # a CPU smoke run in interpret mode:
+    # a CPU smoke run in interpret mode (CI: tests/experiments/test_scripts.py runs it
+    # with one kernel test, --kernels=<one> and --recipes=mxfp8):
     python -m experiments.benchmarks.kernel_check --interpret --out=/tmp/smoke.json
 
 One command, one JSON file, in three stages (each skipped, and recorded as skipped,
@@ -11,7 +12,9 @@ once ``--time_budget_s`` is spent):
 1. ``correctness``: tests/numerics/kernels/test_kernels.py with
    NUMERICS_KERNEL_COMPILED=1 -- every kernel compiled on the device against the
    independent NumPy references (bit for bit; the matmul bit for bit on exactly
-   summable operands, within float32 accumulation error otherwise). Per-test outcomes.
+   summable operands, within float32 accumulation error otherwise). Per-test outcomes;
+   ``--tests`` (a pytest ``-k`` expression) picks a subset. The script exits 1 when this
+   stage fails, times out or runs no test.
 2. ``bandwidth`` and ``kernels``: the device's copy bandwidth (``x + 1`` on float32,
    read + write), then each quantize kernel and its jnp (XLA) path: milliseconds, the
    bytes it must move, and that rate as a fraction of the copy bandwidth; ``matmul``:
@@ -60,10 +63,12 @@ from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
 from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
 from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
+from experiments.common import repo_paths  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_ROOT = pathlib.Path(repo_paths.REPO_DIR)
+_KERNEL_TESTS = "tests/numerics/kernels/test_kernels.py"
 
 
 class _Clock:
@@ -95,15 +100,18 @@ def time_call(fn, *args, iters: int, repeats: int) -> float:
 # ----------------------------------------------------------------------------- stage 1
 
 
-def run_correctness(interpret: bool, timeout_s: float) -> dict:
-  """Runs the kernel tests (compiled unless ``interpret``) and returns their outcomes."""
+def run_correctness(interpret: bool, timeout_s: float, selection: str = "") -> dict:
+  """Runs the kernel tests (compiled unless ``interpret``; those the pytest ``-k``
+  expression ``selection`` picks, all if empty) and returns their outcomes."""
   env = dict(os.environ)
   if not interpret:
     env["NUMERICS_KERNEL_COMPILED"] = "1"
   with tempfile.TemporaryDirectory() as tmp:
     xml = os.path.join(tmp, "junit.xml")
     cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-           f"--junitxml={xml}", str(_ROOT / "tests/numerics/kernels/test_kernels.py")]
+           f"--junitxml={xml}", str(_ROOT / _KERNEL_TESTS)]
+    if selection:
+      cmd += ["-k", selection]
     t0 = time.perf_counter()
     try:
       proc = subprocess.run(cmd, env=env, cwd=_ROOT, capture_output=True, text=True,
@@ -111,7 +119,7 @@ def run_correctness(interpret: bool, timeout_s: float) -> dict:
     except subprocess.TimeoutExpired:
       return {"exit_code": None, "error": f"timed out after {timeout_s:.0f} s"}
     result = {"exit_code": proc.returncode, "seconds": time.perf_counter() - t0,
-              "compiled": not interpret, "tests": {}}
+              "compiled": not interpret, "selection": selection, "tests": {}}
     if os.path.exists(xml):
       for case in ElementTree.parse(xml).getroot().iter("testcase"):
         outcome = "passed"
@@ -129,6 +137,19 @@ def run_correctness(interpret: bool, timeout_s: float) -> dict:
     result["counts"] = counts
     result["output_tail"] = proc.stdout[-2000:]
     return result
+
+
+def correctness_failure(result: dict) -> str | None:
+  """Why the correctness stage proves nothing or found a fault (None if it passed):
+  a timeout, a pytest failure, or no test run (pytest's exit 4, a wrong path)."""
+  if result.get("exit_code") is None:
+    return result.get("error", "no exit code")
+  counts = result.get("counts", {})
+  if result["exit_code"] != 0 or counts.get("failed") or counts.get("error"):
+    return f"pytest exit {result['exit_code']}, {counts}"
+  if not counts.get("passed"):
+    return f"no kernel test passed ({counts})"
+  return None
 
 
 # ----------------------------------------------------------------------------- stage 2
@@ -294,7 +315,8 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
                                       max_len=cfg["seq_len"])), recipe)
     tokens = jax.random.randint(jax.random.key(0), (cfg["batch"], cfg["seq_len"] + 1), 0,
                                 vocab)
-    params = model.init(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
+    # Jitted: an eager init dispatches (and compiles) the forward op by op.
+    params = jax.jit(model.init)(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
     opt = optax.adamw(1e-3)
 
     def step(state, tokens, key):
@@ -364,6 +386,8 @@ def define_flags() -> None:
   flags.DEFINE_float("time_budget_s", 450.0,
                      "skip remaining stages after this many seconds")
   flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
+  flags.DEFINE_string("tests", "", "pytest -k expression: the correctness stage's "
+                      f"tests of {_KERNEL_TESTS} (default: all)")
 
 
 def main(argv):
@@ -377,7 +401,8 @@ def main(argv):
     report["skipped"].append("correctness")
   else:  # before this process touches the accelerator
     report["correctness"] = run_correctness(
-        interpret, min(flags.FLAGS.test_timeout_s, max(clock.left(), 1.0)))
+        interpret, min(flags.FLAGS.test_timeout_s, max(clock.left(), 1.0)),
+        flags.FLAGS.tests)
     print(f"correctness: {report['correctness'].get('counts')} "
           f"(exit {report['correctness'].get('exit_code')})", flush=True)
   dev = jax.devices()[0]
@@ -402,8 +427,11 @@ def main(argv):
   with open(flags.FLAGS.out, "w") as f:
     json.dump(report, f, indent=2, sort_keys=True)
   print(f"wrote {flags.FLAGS.out} ({report['elapsed_s']:.0f} s)")
-  failed = report.get("correctness", {}).get("exit_code") not in (0, None)
-  return 1 if failed else 0
+  failure = ("correctness" in report) and correctness_failure(report["correctness"])
+  if failure:
+    print(f"correctness stage failed: {failure}")
+    return 1
+  return 0
 
 
 if __name__ == "__main__":

@@ -18,20 +18,23 @@ one of four implementations (:data:`IMPLS`):
 Resolution: ``interpret=True`` gives ``"interpret"``; ``use_kernel=True`` gives
 ``"pallas"`` and ``use_kernel=False`` gives ``"jnp"``; ``use_kernel=None`` (the default)
 gives the caller's choice for the calls it traces, ``with
-kernels.implementation("jnp"): ...`` (a context manager, thread- and task-local), and
-outside any such block the process default: the environment variable
-``NUMERICS_KERNELS`` (one of :data:`IMPLS`, default ``"auto"``), read once, at the first
-resolution (a command-line convenience: ``NUMERICS_KERNELS=jnp python -m
-experiments.lm``). The choice applies when a function is traced: a jit cache entry
-keeps the implementation it was traced with, so choose before the first call of a
-jitted step. The training path (:func:`numerics.kernels.quantize_dequantize`, called by
-:mod:`numerics.qdot`) follows the same rule.
+kernels.implementation("jnp"): ...`` (a context manager, thread-local), and outside any
+such block the process default: the environment variable ``NUMERICS_KERNELS`` (one of
+:data:`IMPLS`, default ``"auto"``), read once, at the first resolution (a command-line
+convenience: ``NUMERICS_KERNELS=jnp python -m experiments.lm``). The training path
+(:func:`numerics.kernels.quantize_dequantize`, called by :mod:`numerics.qdot`) follows
+the same rule.
+
+The choice applies when a function is traced, and JAX sees it: the block's choice is a
+``jax.make_user_context`` state, part of the key of JAX's trace, lowering and
+compilation caches (as the mesh or ``jax.default_device`` are), so a ``jax.jit``
+function called or traced under another choice is traced again, and one called again
+under a choice it has seen reuses that trace.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import os
 from typing import Any, Callable, Iterator, Literal, Mapping
@@ -47,8 +50,10 @@ GPU, TPU = "gpu", "tpu"
 VARIANTS = (GPU, TPU)
 
 
-_CHOSEN: contextvars.ContextVar[Impl | None] = contextvars.ContextVar(
-    "numerics_kernel_implementation", default=None)
+# The innermost implementation() block's choice (None outside any): a JAX config state,
+# so that JAX's trace caches key on it (a contextvar of our own would let a jit cache
+# entry traced under one choice serve another). Thread-local, like JAX's own contexts.
+_CHOSEN = jax.make_user_context(default_value=None)
 
 
 def check_impl(impl: str) -> Impl:
@@ -75,17 +80,14 @@ def _process_default() -> Impl:
 def implementation(impl: Impl) -> Iterator[None]:
   """Within the block, kernel entry points called with ``use_kernel=None`` (the training
   path included) trace ``impl`` (see the module docstring)."""
-  token = _CHOSEN.set(check_impl(impl))
-  try:
+  with _CHOSEN(check_impl(impl)):
     yield
-  finally:
-    _CHOSEN.reset(token)
 
 
 def default_impl() -> Impl:
   """The implementation ``use_kernel=None`` resolves to here: the innermost
   :func:`implementation` block's, else ``NUMERICS_KERNELS`` (read once), else ``auto``."""
-  chosen = _CHOSEN.get()
+  chosen = _CHOSEN.value
   return chosen if chosen is not None else _process_default()
 
 

@@ -48,15 +48,27 @@ def test_small_models_benchmark_smoke(tmp_path):
   assert all(r["step_ms_median"] > 0 and r["compile_s"] > 0 for r in rows)
 
 
-def test_kernel_check_smoke_writes_its_json(tmp_path):
+def test_kernel_check_smoke_runs_every_stage(tmp_path):
+  """The device check's CPU smoke run at its smallest settings: every stage runs and
+  records what it ran. Its correctness stage once looked for the kernel tests under
+  experiments/, ran none (pytest's exit 4) and recorded ``correctness: {}``."""
   out = tmp_path / "check.json"
-  _run("experiments.benchmarks.kernel_check", "--interpret", "--skip_tests", "--skip_train",
+  _run("experiments.benchmarks.kernel_check", "--interpret", "--recipes=mxfp8",
+       "--tests=test_mx_quantize_matches_numpy_reference and e4m3-nearest-gpu",
        "--kernels=mx_quantize_dequantize e4m3 axis -2", f"--out={out}")
   report = json.loads(out.read_text())
-  assert report["skipped"] == ["correctness", "train_step"]
+  assert report["skipped"] == []
+  correctness = report["correctness"]
+  assert correctness["exit_code"] == 0 and not correctness["compiled"]
+  assert correctness["counts"] == {"passed": 1}
   assert set(report["kernels"]) == {"mx_quantize_dequantize e4m3 axis -2"}
   assert report["bandwidth"]["copy_gb_per_s"] > 0
   assert report["matmul"]["mx_matmul e4m3 x e4m3"]["tflop_per_s"] > 0
+  steps = report["train_step"]["recipes"]
+  assert list(steps) == ["bf16", "mxfp8", "mxfp8 (jnp)"]
+  assert report["train_step"]["skipped"] == []
+  assert steps["mxfp8"]["pallas_calls"] > 0 and steps["mxfp8 (jnp)"]["pallas_calls"] == 0
+  assert all(step["ms"] > 0 for step in steps.values())
 
 
 def test_kernel_check_sets_measured_beside_the_roofline_estimate():
@@ -72,6 +84,15 @@ assert kc.device_target("NVIDIA H100 80GB HBM3") is None and kc.device_target("c
 rec = kc._rate(2e-3, 4.8e9, 4e12, kc.device_target("NVIDIA H200"))
 assert rec["estimate_ms"] == pytest.approx(1.0) and rec["measured_over_estimate"] == pytest.approx(2.0)
 assert "estimate_ms" not in kc._rate(2e-3, 4.8e9, 4e12, None)
+# The exit status: a correctness stage that timed out or ran no test proves nothing.
+passed = dict(exit_code=0, counts=dict(passed=3, skipped=1))
+assert kc.correctness_failure(passed) is None
+timed_out = dict(exit_code=None, error="timed out after 9 s")
+assert "timed out" in kc.correctness_failure(timed_out)
+assert "exit 4" in kc.correctness_failure(dict(exit_code=4, counts={}))
+assert "no kernel test passed" in kc.correctness_failure(dict(exit_code=0, counts={}))
+failed = dict(exit_code=1, counts=dict(passed=2, failed=1))
+assert "failed" in kc.correctness_failure(failed)
 print("ok")
 """
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
