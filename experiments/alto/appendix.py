@@ -245,3 +245,11 @@ def confirm_appendix(sweep_dir: str) -> str:
   from experiments.alto.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
+
+
+def confirm2_appendix(sweep_dir: str) -> str:
+  """The second confirmatory sweep's appendix: the pilot beside each claim, the
+  undecided claims' needs, and the sizing."""
+  from experiments.alto.sweeps import CONFIRM2_PILOTS  # pylint: disable=import-outside-toplevel
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  return confirm_sections(sweep_dir, CONFIRM2_PILOTS)

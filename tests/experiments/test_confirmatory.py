@@ -34,6 +34,7 @@ PILOT_REPORTS = ("alto/report", "alto/report_negative", "fair_cast/report",
 # Arms whose config differs from the pilot arm they stand for, and how (declared).
 CHANGED = {"mxfp4_rht_sr_1k": ("mxfp4_rht_sr", {"num_steps", "macro_block"}),
            "macro_block_1k": ("macro_block", {"num_steps", "macro_block"}),
+           "dynamic_clip_1k": ("dynamic_clip", {"num_steps", "macro_block"}),
            "coupled_240": ("coupled", {"num_steps"}),
            "read_only_240": ("read_only", {"num_steps"})}
 
@@ -99,14 +100,18 @@ def test_arms_are_the_claims_arms_with_the_pilots_configs(name):
   assert sweep.sequential.cap == len(sweep.seeds)
 
 
-def test_alto_confirm_1k_arms_are_alto_negative_exactly():
-  confirm, negative = registry.get("alto_confirm"), registry.get("alto_negative")
-  for arm, pilot in (("mxfp4_rht_sr_1k", "mxfp4_rht_sr"), ("macro_block_1k", "macro_block")):
-    ours = dataclasses.replace(confirm.base, **next(
-        a for a in confirm.arms if a.name == arm).overrides)
-    theirs = dataclasses.replace(negative.base, **next(
-        a for a in negative.arms if a.name == pilot).overrides)
-    assert ours == theirs
+@pytest.mark.parametrize("name,arm,pilot", [
+    ("alto_confirm", "mxfp4_rht_sr_1k", "mxfp4_rht_sr"),
+    ("alto_confirm", "macro_block_1k", "macro_block"),
+    ("alto_confirm2", "mxfp4_rht_sr_1k", "mxfp4_rht_sr"),
+    ("alto_confirm2", "dynamic_clip_1k", "dynamic_clip")])
+def test_alto_confirm_1k_arms_are_alto_negative_exactly(name, arm, pilot):
+  confirm, negative = registry.get(name), registry.get("alto_negative")
+  ours = dataclasses.replace(confirm.base, **next(
+      a for a in confirm.arms if a.name == arm).overrides)
+  theirs = dataclasses.replace(negative.base, **next(
+      a for a in negative.arms if a.name == pilot).overrides)
+  assert ours == theirs
 
 
 @pytest.mark.parametrize("report", PILOT_REPORTS)
