@@ -13,10 +13,6 @@ project with packages of those names keeps them. The experiment harness
 (``experiments``, ``launch``) runs from a clone of the repository and is not installed.
 """
 
-import os as _os
-
-# In a source checkout (this directory holds no numerics/), the packages live beside
-# this one: resolve lowprec.numerics and lowprec.models there, through symlinks too.
-_HERE = _os.path.dirname(_os.path.realpath(__file__))
-if not _os.path.isdir(_os.path.join(_HERE, "numerics")):
-  __path__.append(_os.path.dirname(_HERE))  # pylint: disable=undefined-variable
+# In a source checkout, lowprec/numerics and lowprec/models are links to the
+# repository's top-level folders, so lowprec.numerics and lowprec.models (and nothing
+# else of the checkout) import under this name, and static tools can follow them.

@@ -24,6 +24,11 @@ int for 1D blocks, a tuple for tiles); formats and compute dtypes use the format
 (:mod:`numerics.gradients`).
 """
 
+if __name__ != "lowprec.numerics":  # one module object per module (docs/layout.md)
+  raise ImportError(f"this package is lowprec.numerics; import it as `from lowprec import "
+                    f"numerics` (it was imported as {__name__!r}, which would make a second "
+                    f"copy of every module and class)")
+
 from lowprec.numerics import accumulation
 from lowprec.numerics import blockscale
 from lowprec.numerics import codebooks

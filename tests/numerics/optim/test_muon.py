@@ -11,7 +11,7 @@ import pytest
 
 from lowprec.numerics import optim
 
-muon_lib = importlib.import_module("numerics.optim.muon")  # the package re-exports the function muon
+muon_lib = importlib.import_module("lowprec.numerics.optim.muon")  # the package re-exports the function muon
 
 
 def _matrix(shape, seed=0):
