@@ -27,8 +27,8 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "fair_cast/report",
            "looped_rl/report", "kv_cache/report", "optimizer_state/report", "qlora/report",
            "stale_sampler/report", "mxfp8_rl/report", "mxfp8_rl/report_faults",
-           "temperon/report", "temperon/report_confirm", "memoir/report",
-           "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
+           "temperon/report", "temperon/report_confirm", "temperon/report_confirm2",
+           "memoir/report", "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
            "looped_rl/report_confirm", "memoir/report_energy")
