@@ -41,9 +41,48 @@ def git_state(repo_dir: str = REPO_DIR) -> dict[str, Any]:
           "dirty": None if status is None else bool(status.strip())}
 
 
+# The CPU features XLA's CPU code generator picks its vector instructions from: two
+# hosts that differ in these (or in XLA_FLAGS' --xla_cpu_max_isa) can round float
+# reductions differently (docs/sweeps.md, "What reproduces to the bit").
+_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+              "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "asimd",
+              "sve")
+_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "flax", "optax", "orbax-checkpoint")
+
+
+def host_record() -> dict[str, Any]:
+  """What a run's floating-point bits depend on besides the code and config: the CPU
+  model and its vector-ISA flags (Linux ``/proc/cpuinfo``; empty elsewhere), the
+  package versions and ``XLA_FLAGS``."""
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  cpu, flags = platform.processor() or platform.machine(), set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name":
+          cpu = value.strip()
+        elif key in ("flags", "Features"):
+          flags = set(value.split())
+          break
+  except OSError:
+    pass
+  versions = {}
+  for name in _PACKAGES:
+    try:
+      versions[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      versions[name] = None
+  return {"machine": platform.machine(), "cpu": cpu,
+          "cpu_isa": [f for f in _ISA_FLAGS if f in flags], "cpu_count": os.cpu_count(),
+          "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
 def write_run_metadata(workdir: str, config: Any, run_options: Any,
                        extra: dict[str, Any] | None = None) -> str:
-  """Writes ``<workdir>/config.json`` (config, options, git, argv, versions, and the
+  """Writes ``<workdir>/config.json`` (config, options, git, argv, versions, the host's
+  CPU and package versions (:func:`host_record`), and the
   other commits earlier processes of this run recorded); returns its path."""
   import jax  # pylint: disable=import-outside-toplevel
   os.makedirs(workdir, exist_ok=True)
@@ -60,6 +99,7 @@ def write_run_metadata(workdir: str, config: Any, run_options: Any,
       "python": platform.python_version(),
       "jax": jax.__version__,
       "backend": jax.default_backend(),
+      "host": host_record(),
       "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
   }
   # A resume rewrites the record: the commits earlier processes of the run ran from

@@ -2,9 +2,13 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
+import jax
+import jaxlib.version
+import numpy as np
 import pytest
 
 from experiments.common import progress, results, run_metadata
@@ -79,6 +83,14 @@ def test_run_metadata(tmp_path):
   rec = json.load(open(path))
   assert rec["run_options"]["workdir"] == "w"
   assert len(rec["git"]["commit"]) == 40  # this checkout is a git repository
+  # What a float metric's last bits depend on beyond the commit (docs/sweeps.md).
+  host = rec["host"]
+  assert host["versions"]["jaxlib"] == jaxlib.version.__version__
+  assert host["versions"]["jax"] == jax.__version__
+  assert host["versions"]["numpy"] == np.__version__
+  assert set(host["cpu_isa"]) <= set(run_metadata._ISA_FLAGS)  # pylint: disable=protected-access
+  if os.path.exists("/proc/cpuinfo") and platform.machine() == "x86_64":
+    assert "sse4_2" in host["cpu_isa"] and host["cpu"]
 
 
 def test_benchmark_json_records_the_git_state(tmp_path, capsys):
