@@ -185,18 +185,18 @@ def _scalar(tag: str, value: float) -> Summary.Value:
   return Summary.Value(tag=tag, simple_value=value)
 
 
-def _layout(tags: Sequence[str], metrics: Sequence[str]) -> Summary.Value:
-  """The Custom Scalars layout: a margin chart (mean, shaded band) per tag."""
+def _layout(curves: Sequence[str], metrics: Sequence[str]) -> Summary.Value:
+  """The Custom Scalars layout: a margin chart (mean, shaded band) per tag, the curves
+  first, then the metrics that are no curve (an empty category is left out)."""
   def chart(tag: str) -> layout_pb2.Chart:
     return layout_pb2.Chart(title=tag, margin=layout_pb2.MarginChartContent(series=[
         layout_pb2.MarginChartContent.Series(value=tag, lower=tag + LOWER,
                                              upper=tag + UPPER)]))
-  curves = [t for t in tags if t not in metrics]
+  others = [t for t in metrics if t not in curves]
   layout = layout_pb2.Layout(category=[
-      layout_pb2.Category(title="curves: mean over seeds, 95% band",
-                          chart=[chart(t) for t in curves]),
-      layout_pb2.Category(title="metrics: mean over seeds, 95% band",
-                          chart=[chart(t) for t in metrics])])
+      layout_pb2.Category(title=title, chart=[chart(t) for t in tags])
+      for title, tags in (("curves: mean over seeds, 95% band", curves),
+                          ("metrics: mean over seeds, 95% band", others)) if tags])
   meta = SummaryMetadata.FromString(layout_metadata.create_summary_metadata()
                                     .SerializeToString())
   return Summary.Value(tag=layout_metadata.CONFIG_SUMMARY_TAG, metadata=meta,
@@ -260,7 +260,7 @@ def write_arm_view(sweep_dir: str,
     head = []
     if i == 0:  # the view's experiment summary and layout live in its first run
       head.append(Summary(value=[*hparams_experiment_summary(domains, columns).value,
-                                 _layout(tags, metrics)]))
+                                 _layout(info.get("curves", []), metrics)]))
     head.append(hparams_summary.hparams_pb(shown_hparams(sessions[arm]), trial_id=arm,
                                            start_time_secs=FIXED_WALL_TIME))
     head = [_deterministic(h) for h in head]

@@ -8,6 +8,7 @@ import numpy as np
 from scipy import stats
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
@@ -67,6 +68,17 @@ def test_arm_view_is_the_mean_and_t_interval_of_the_seeds(tmp_path):
     session = read_hparams_session(os.path.join(root, arm))
     assert session["trial_id"] == arm and session["status"] == "STATUS_SUCCESS"
     assert session["hparams"]["arm"] == arm and session["hparams"]["runs"] == "3"
+  # The Custom Scalars layout: a margin chart per curve; no empty metrics category
+  # (every metric here is a curve).
+  layouts = [value.tensor.string_val[0] for path in event_files(os.path.join(root, "base"))
+             for record in RawEventFileLoader(path).Load()
+             for value in Event.FromString(record).summary.value
+             if value.tag == "custom_scalars__config__"]
+  layout = layout_pb2.Layout.FromString(layouts[0])
+  assert [c.title for c in layout.category] == ["curves: mean over seeds, 95% band"]
+  assert [(s.value, s.lower, s.upper) for c in layout.category[0].chart
+          for s in c.margin.series] == [
+              (t, t + "/ci95_lo", t + "/ci95_hi") for t in ("train/loss", "eval/loss")]
   exp = read_hparams_experiment(os.path.join(root, "base"))
   assert exp["hparams"]["arm"] == ["base", "low"]
   assert exp["hparams"]["recipe"] == ["fp32", "bf16"]
