@@ -387,13 +387,17 @@ def _run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
 
 
 def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
-  """The report (unless --noreport) and the TensorBoard command; 1 if any run failed."""
+  """The report (unless --noreport) and the TensorBoard commands; 1 if any run failed."""
   if FLAGS.report:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)
     print(f"report: {repo_relative(path)}")
+  if FLAGS.report:  # the report builds the arm view
+    arms = repo_relative(os.path.join(sweep_dir, tensorboard_views.ARMS_DIR))
+    print(f"tensorboard --logdir {arms} --host 127.0.0.1 --port 6006   # one run per arm: "
+          "mean and 95% band")
   print(f"tensorboard --logdir {repo_relative(os.path.join(sweep_dir, 'runs'))} "
-        "--host 127.0.0.1 --port 6006")
+        "--host 127.0.0.1 --port 6006   # every run")
   return 1 if failed else 0
 
 
