@@ -13,9 +13,10 @@ step, in one new event file per run (``events.out.tfevents.<...>.row_metrics``),
 value taken from the run's results row unchanged. Row metrics that no column or claim
 reads are left out (a sweep may have thinned its per-step tags, ``launch.thin_events``).
 The report reads its numbers from ``results.jsonl``, so it rebuilds byte for byte.
-``--write`` also writes the HParams experiment summary at the root of ``runs/`` (the
-logdir TensorBoard is pointed at) when a sweep directory lacks it, from ``sweep.json``'s
-metrics and the manifest's configs, as ``launch.sweep`` writes it.
+``--write`` also brings the per-seed runs to today's HParams layout
+(:func:`launch.tensorboard_views.mend_runs`: one experiment summary over every run, in
+the first run's directory, none at the top of ``runs/``; integer hparams as integers)
+when the sweep directory lacks it.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from experiments.common import log_filters
 from experiments.common.repo_paths import repo_relative
 from experiments.common.sweep_data import (read_manifest, read_sweep_info,
                                            read_sweep_results, run_dir)
-from experiments.common.tensorboard_reader import read_hparams_experiment, read_scalars
-from experiments.common.tensorboard_writer import write_hparams_experiment
-from launch.manifest import swept_values
+from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
+                                                   read_scalars)
+from launch import tensorboard_views
 
 SUFFIX = ".row_metrics"
 # The file's name carries no wall time: a rerun of --write on the same data writes the
@@ -71,24 +72,19 @@ def missing(sweep_dir: str) -> dict[str, dict[str, float]]:
 
 
 def has_experiment(sweep_dir: str) -> bool:
-  """Whether ``<sweep_dir>/runs`` holds the HParams experiment summary."""
-  return read_hparams_experiment(os.path.join(sweep_dir, "runs")) is not None
-
-
-def write_experiment(sweep_dir: str) -> None:
-  """The HParams experiment summary at ``<sweep_dir>/runs`` (as ``launch.sweep`` writes
-  it: the fields the runs' configs vary, else the seeds; the declared metrics)."""
-  info = read_sweep_info(sweep_dir)
-  hparams = (swept_values([m["config"] for m in read_manifest(sweep_dir)])
-             or {info["seed_field"]: list(info["seeds"])})
-  write_hparams_experiment(os.path.join(sweep_dir, "runs"), hparams, info["metrics"])
+  """Whether the per-seed runs hold one HParams experiment summary, in the first run's
+  directory, and nothing at the top of ``runs/`` (:mod:`launch.tensorboard_views`)."""
+  manifest = read_manifest(sweep_dir)
+  first = run_dir(sweep_dir, manifest[0]["run_name"]) if manifest else ""
+  return (not event_files(os.path.join(sweep_dir, "runs"))
+          and read_hparams_experiment(first) is not None)
 
 
 def write_missing(sweep_dir: str) -> dict[str, dict[str, float]]:
   """Adds :func:`missing`'s metrics to each run's events at its final step (and the
   experiment summary when absent); returns the metrics added."""
   if not has_experiment(sweep_dir):
-    write_experiment(sweep_dir)
+    tensorboard_views.mend_runs(sweep_dir)
   rows = read_sweep_results(sweep_dir).rows
   lacking = missing(sweep_dir)
   for name, metrics in sorted(lacking.items()):

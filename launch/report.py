@@ -5,7 +5,9 @@
 The report has the ablation table (mean ± sample std over seeds), paired differences
 against the baseline arm with 95% t-intervals, curve plots, per-run rows, the sweep's
 appendix (``experiments/<paper>/appendix.py``, declared in the sweep) and the
-hand-written ``FINDINGS.md``. It is a function of the sweep directory's files alone:
+hand-written ``FINDINGS.md``; building it also rebuilds the sweep's arm view for
+TensorBoard (``<sweep_dir>/arms``, :mod:`launch.tensorboard_views`), whose command the
+"Reproduce" section gives first. It is a function of the sweep directory's files alone:
 no time of day, no machine path (paths are the ones ``sweep.json`` recorded, relative
 to the repository root), so rebuilding a committed report reproduces it exactly.
 """
@@ -13,10 +15,12 @@ to the repository root), so rebuilding a committed report reproduces it exactly.
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import shlex
 import sys
+import urllib.parse
 from typing import Any, Callable
 
 from absl import app, flags
@@ -30,6 +34,7 @@ from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_
 from experiments.common.tensorboard_reader import has_event_files, read_scalars
 from launch import registry
 from launch import sequential_runner
+from launch import tensorboard_views
 
 # A hand-written reading of the results, kept in the sweep dir and appended to the report.
 FINDINGS = "FINDINGS.md"
@@ -101,6 +106,25 @@ def _curve_count_note(arm: str, tag: str, plotted: list[str], in_table: list[str
             if unlisted else [])
   return (f"`{arm}` is the mean of {len(plotted)} run(s), not the table's "
           f"{len(in_table)} (" + "; ".join(parts) + ")")
+
+
+def tensorboard_lines(info: dict[str, Any], recorded_dir: str, arms: int, runs: int
+                      ) -> list[str]:
+  """Markdown lines: the TensorBoard commands of the arm view, then of the per-seed runs
+  (:mod:`launch.tensorboard_views`)."""
+  curves = info.get("curves", [])
+  pinned = urllib.parse.quote(json.dumps([{"plugin": "scalars", "tag": t} for t in curves],
+                                         separators=(",", ":")), safe="")
+  link = (f" and open <http://127.0.0.1:6006/?pinnedCards={pinned}#timeseries> "
+          "(Time Series with the curves pinned on top)" if curves else "")
+  return [f"- **Arm view**: `tensorboard --logdir {recorded_dir}/{tensorboard_views.ARMS_DIR}"
+          f" --host 127.0.0.1`{link}: one run per arm that ran ({arms}), each tag the "
+          f"mean over the arm's seeds, `<tag>{tensorboard_views.LOWER}` and "
+          f"`<tag>{tensorboard_views.UPPER}` its 95% t-interval (the Custom Scalars "
+          "dashboard draws them as a band); the HParams table has a row per arm.",
+          f"- **Per-seed runs**: `tensorboard --logdir {recorded_dir}/runs --host 127.0.0.1`"
+          f": every run ({runs}), the HParams table a row per run with a filter on every "
+          "seed and swept field.", ""]
 
 
 def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],
@@ -320,6 +344,7 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   curve_runs: dict[str, dict[str, list[str]]] = {t: collections.defaultdict(list)
                                                 for t in curves_by_tag}
   without_events, damaged = [], []
+  scalars_by_run: dict[str, dict[str, list]] = {}  # read once: the arm view reuses them
   for m in manifest:
     directory = run_dir(sweep_dir, m["run_name"])
     if m["run_name"] in calibration:
@@ -329,6 +354,7 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
         without_events.append(m["run_name"])
       continue
     scalars = read_scalars(directory, damaged)
+    scalars_by_run[m["run_name"]] = scalars
     for tag in curves_by_tag:
       if tag in scalars:
         curves_by_tag[tag][m["arm"]].append(scalars[tag])
@@ -368,14 +394,14 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     vals = [_fmt(row_metrics.get(metric)) for metric in metrics]
     lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
                  + f" | {_fmt(row.get('steps_per_s'), 2)} | {_fmt(row.get('wall_s'), 1)} |")
+  view = tensorboard_views.write_arm_view(sweep_dir, scalars_by_run)  # rebuilt with it
   lines += ["", "## Reproduce", "",
+            *tensorboard_lines(info, recorded_dir, len(os.listdir(view)), len(manifest)),
             f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
             f"{override_flags}` "
             f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
             f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
-            f"from the committed data; `tensorboard --logdir {recorded_dir}/runs "
-            "--host 127.0.0.1` shows every run's scalars and the HParams table (the "
-            "runs' directory: each run then has its own name).", ""]
+            "and the arm view from the committed data.", ""]
   appendix = registered_appendix(info)
   if appendix is not None:
     lines += [appendix(sweep_dir)]

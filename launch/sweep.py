@@ -44,9 +44,9 @@ from experiments.common.repo_paths import REPO_DIR, repo_relative
 from experiments.common.run_metadata import git_state
 from experiments.common.sweep_data import read_sweep_info
 from experiments.common.sweep_spec import Sweep
-from experiments.common.tensorboard_writer import write_hparams_experiment
 from launch import registry
 from launch import sequential_runner
+from launch import tensorboard_views
 from launch.local_runner import RunOutcome, SweepInterrupted, default_parallelism, run_local
 from launch.manifest import RunSpec, expand, swept_hparams, write_manifest
 from launch.slurm import SlurmOptions, write_array_script
@@ -155,9 +155,12 @@ def stale_run_dirs(runs: Sequence[RunSpec], sweep_dir: str) -> list[str]:
 
 
 def write_tensorboard_experiment(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: str) -> None:
-  """The HParams experiment summary at the root of the runs' logdir (one per sweep)."""
-  hparams = swept_hparams(sweep, runs) or {sweep.seed_field: list(sweep.seeds)}
-  write_hparams_experiment(os.path.join(sweep_dir, "runs"), hparams, sweep.metrics)
+  """The HParams experiment summary over ``runs`` (one per sweep, in the first run's
+  directory: :func:`launch.tensorboard_views.write_experiment`); a sequential sweep
+  rewrites it at each look, so it covers every run scheduled so far."""
+  hparams = swept_hparams(sweep, runs) or {sweep.seed_field: [r.seed for r in runs]}
+  tensorboard_views.write_experiment(sweep_dir, [r.run_name for r in runs], hparams,
+                                     sweep.metrics)
 
 
 def record_duration(sweep_dir: str, wall_s: float, runs: int, parallel: int) -> None:
@@ -384,13 +387,17 @@ def _run_sequential(sweep: Sweep, sweep_dir: str, runs: Sequence[RunSpec],
 
 
 def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
-  """The report (unless --noreport) and the TensorBoard command; 1 if any run failed."""
+  """The report (unless --noreport) and the TensorBoard commands; 1 if any run failed."""
   if FLAGS.report:
     from launch import report  # pylint: disable=import-outside-toplevel
     path = report.build_report(sweep_dir)
     print(f"report: {repo_relative(path)}")
+  if FLAGS.report:  # the report builds the arm view
+    arms = repo_relative(os.path.join(sweep_dir, tensorboard_views.ARMS_DIR))
+    print(f"tensorboard --logdir {arms} --host 127.0.0.1 --port 6006   # one run per arm: "
+          "mean and 95% band")
   print(f"tensorboard --logdir {repo_relative(os.path.join(sweep_dir, 'runs'))} "
-        "--host 127.0.0.1 --port 6006")
+        "--host 127.0.0.1 --port 6006   # every run")
   return 1 if failed else 0
 
 

@@ -104,6 +104,11 @@ def _event_files(logdir: str) -> list[str]:
                 if io_wrapper.IsSummaryEventsFile(os.path.join(logdir, f)))
 
 
+def event_files(logdir: str) -> list[str]:
+  """The event files directly in ``logdir``, by name (those TensorBoard reads as a run)."""
+  return _event_files(logdir)
+
+
 def has_event_files(logdir: str) -> bool:
   """Whether ``logdir`` holds an event file (a run's events are not missing)."""
   return bool(_event_files(logdir))
@@ -204,7 +209,8 @@ def read_scalars(logdir: str, problems: list[EventFileDamage] | None = None
     if tag.startswith("_hparams_/") or tag in out:
       continue
     values = [(step, tensor_util.make_ndarray(t)) for step, t in pairs]
-    if all(np.ndim(v) == 0 for _, v in values):
+    if all(np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)
+           for _, v in values):  # not a layout or text
       out[tag] = _by_step((step, float(v)) for step, v in values)
   return out
 

@@ -4,21 +4,30 @@
 this writes the protos directly through tensorboard's own ``EventFileWriter``. Scalars are
 bare ``simple_value`` summaries (TensorBoard files them under scalars; see the reader).
 
-HParams layout (TensorBoard's hparams plugin expects ONE experiment summary per logdir
-tree): every run writes its own session (:meth:`MetricWriter.write_hparams`) into its run
-directory; a sweep writes the experiment summary (domains and metric tags) once, at the
-root of the sweep's logdir, with :func:`write_hparams_experiment`.
+HParams layout (TensorBoard's hparams plugin reads ONE experiment summary per logdir
+tree, from the first run that holds one): every run writes its own session
+(:meth:`MetricWriter.write_hparams`) into its run directory; a sweep writes the
+experiment summary (domains and metric tags) once, with :func:`write_hparams_experiment`,
+into one of its runs' directories (``launch.tensorboard_views``): a file at the top of
+the logdir would show as a run of its own, named ``.``.
+
+Integer hparams are written as strings (:func:`shown_hparam`): the HParams table shows a
+number with 5 significant digits (``toPrecision(5)`` in its frontend), so a seed 201
+reads ``201.00`` and a stream 95680792 ``9.5681e+7``; a string shows as written.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from absl import logging
+from google.protobuf import struct_pb2
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.plugins.hparams import api_pb2 as hparams_api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
@@ -95,7 +104,7 @@ class MetricWriter:
     if self._writer is None:
       return
     _check_hparams(hparams)
-    summary = hparams_summary.hparams_pb(dict(hparams), trial_id=trial_id,
+    summary = hparams_summary.hparams_pb(shown_hparams(hparams), trial_id=trial_id,
                                          start_time_secs=start_time_secs)
     self._writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
 
@@ -140,27 +149,83 @@ def _check_hparams(hparams: Mapping[str, Any]) -> None:
       raise TypeError(f"hparam {name!r} must be bool/int/float/str, got {type(value).__name__}")
 
 
-def write_hparams_experiment(logdir: str, hparams: Mapping[str, Sequence[HParamValue]],
-                             metrics: Sequence[str]) -> None:
-  """Writes the HParams experiment summary (once per sweep, at the logdir root).
+def shown_hparam(value: HParamValue) -> HParamValue:
+  """``value`` as the HParams table should show it: an int as its digits (a string)."""
+  return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-  Args:
-    logdir: the directory TensorBoard is pointed at (the runs live in subdirectories).
-    hparams: name -> the values swept (a discrete domain each).
-    metrics: scalar tags the HParams table shows; a session's value is the last one logged.
-  """
-  hp_list = []
+
+def shown_hparams(hparams: Mapping[str, HParamValue]) -> dict[str, HParamValue]:
+  """:func:`shown_hparam` of every value."""
+  return {name: shown_hparam(v) for name, v in hparams.items()}
+
+
+def hparams_experiment_summary(hparams: Mapping[str, Sequence[HParamValue]],
+                               metrics: Sequence[str]) -> Summary:
+  """The HParams experiment summary: ``hparams`` name -> the values swept (a discrete
+  domain each, in the order given; ints shown as strings), ``metrics`` the scalar tags
+  the table shows (a session's value is the last one logged)."""
+  hp_list, orders = [], {}
   for name, values in hparams.items():
     values = list(dict.fromkeys(values))  # unique, in order
     for v in values:
       _check_hparams({name: v})
-    # Discrete domains must be one type; mixed int/float become floats.
+    # Discrete domains must be one type; ints are strings (shown_hparam), and a domain
+    # mixing ints and floats is all floats.
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
       if any(isinstance(v, float) for v in values):
         values = [float(v) for v in values]
-    hp_list.append(hparams_summary.HParam(name, hparams_summary.Discrete(values)))
+    numbers = [v for v in values if not isinstance(v, (bool, str))]
+    if len(numbers) == len(values):
+      values = sorted(values)
+    orders[name] = list(dict.fromkeys(shown_hparam(v) for v in values))
+    hp_list.append(hparams_summary.HParam(name, hparams_summary.Discrete(orders[name])))
   summary = hparams_summary.hparams_config_pb(
-      hparams=hp_list, metrics=[hparams_summary.Metric(tag) for tag in metrics])
+      hparams=hp_list, metrics=[hparams_summary.Metric(tag) for tag in metrics],
+      time_created_secs=FIXED_WALL_TIME)
+  # Discrete() sorts its values, which puts seed "10" before "2": the filter lists them
+  # in the domain's order, so numbers keep numeric order and strings the order given.
+  value = summary.value[0]
+  data = hparams_plugin_data_pb2.HParamsPluginData.FromString(
+      value.metadata.plugin_data.content)
+  for info in data.experiment.hparam_infos:
+    del info.domain_discrete.values[:]
+    for v in orders[info.name]:
+      info.domain_discrete.values.add().MergeFrom(_struct_value(v))
+  value.metadata.plugin_data.content = data.SerializeToString(deterministic=True)
+  return summary
+
+
+def _struct_value(v: HParamValue) -> struct_pb2.Value:
+  if isinstance(v, bool):
+    return struct_pb2.Value(bool_value=v)
+  if isinstance(v, str):
+    return struct_pb2.Value(string_value=v)
+  return struct_pb2.Value(number_value=float(v))
+
+
+def write_hparams_experiment(logdir: str, hparams: Mapping[str, Sequence[HParamValue]],
+                             metrics: Sequence[str]) -> None:
+  """Writes :func:`hparams_experiment_summary` into ``logdir``, in a file of its own."""
   writer = EventFileWriter(logdir)
-  writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+  writer.add_event(Event(wall_time=time.time(), step=0,
+                         summary=hparams_experiment_summary(hparams, metrics)))
   writer.close()
+
+
+# Generated views carry this wall time (and no time in their file names), so a rebuild
+# from the same data writes the same bytes.
+FIXED_WALL_TIME = 0.0
+
+
+def write_event_file(path: str, events: Sequence[Event]) -> None:
+  """Writes ``events`` to the event file ``path`` (replacing it), after the file-version
+  record TensorBoard expects first; deterministic bytes (no clock is read)."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "wb") as f:
+    writer = RecordWriter(f)
+    writer.write(Event(wall_time=FIXED_WALL_TIME, file_version="brain.Event:2")
+                 .SerializeToString())
+    for event in events:
+      writer.write(event.SerializeToString(deterministic=True))
+    writer.flush()
+  os.replace(tmp, path)

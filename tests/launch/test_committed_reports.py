@@ -1,7 +1,9 @@
 """The committed evidence reopens from a clean clone.
 
-The reports built under the evidence rules (``REPORTS``): each REPORT.md rebuilds from
-the committed files alone, identical to the committed one, every run's events and
+The reports built under the evidence rules (``REPORTS``): each REPORT.md and its arm
+view (``arms/``) rebuild from the committed files alone, identical to the committed
+ones; the per-seed runs' one HParams experiment summary offers every run's seed and
+swept values, and holds no ``.`` run; every run's events and
 HParams are committed, every HParams metric column and every metric a claim reads is in
 every run's events (read with TensorBoard's own reader, as its HParams view does), and
 no committed report file names a path of the machine that wrote it.
@@ -17,9 +19,10 @@ import shutil
 import pytest
 
 from experiments.common.repo_paths import REPO_DIR
-from experiments.common.tensorboard_reader import (read_hparams_experiment,
+from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
                                                    read_hparams_session, read_scalars)
-from launch import event_metrics
+from experiments.common.tensorboard_writer import shown_hparam
+from launch import event_metrics, tensorboard_views
 from launch.report import build_report
 
 # experiments/<these> : every sweep report built under the evidence rules
@@ -41,11 +44,21 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
   copy = tmp_path / "report"
   shutil.copytree(report, copy, ignore=_SKIP)  # what a clean clone has (no plots)
   committed = open(os.path.join(report, "REPORT.md")).read()
+  committed_view = _files(os.path.join(report, tensorboard_views.ARMS_DIR))
   rebuilt = open(build_report(str(copy))).read()
   assert rebuilt == committed
+  # The arm view rebuilds byte for byte, one run per arm, within what Scalars selects.
+  assert _files(str(copy / tensorboard_views.ARMS_DIR)) == committed_view
+  assert 1 <= len(os.listdir(copy / tensorboard_views.ARMS_DIR)) <= 40
   info = json.load(open(copy / "sweep.json"))
   assert info["git"]["dirty"] is False and len(info["git"]["commit"]) == 40
-  for m in (json.loads(l) for l in open(copy / "manifest.jsonl")):
+  manifest = [json.loads(l) for l in open(copy / "manifest.jsonl")]
+  # One HParams experiment summary, in the first run (no `.` run at the top of runs/),
+  # whose filters offer every run's value of every column: every seed, every arm's.
+  assert not event_files(str(copy / "runs"))
+  experiment = read_hparams_experiment(str(copy / "runs" / manifest[0]["run_name"]))
+  assert experiment["metrics"] == info["metrics"]
+  for m in manifest:
     run = copy / "runs" / m["run_name"]
     scalars = read_scalars(str(run))  # every run's curves are committed
     assert scalars, m["run_name"]
@@ -53,11 +66,17 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
       assert scalars["eval/loss"][-1][0] == m["config"]["num_steps"]
     session = read_hparams_session(str(run))
     assert session["trial_id"] == m["run_name"] and session["status"] == "STATUS_SUCCESS"
-  # TensorBoard is pointed at runs/: the experiment summary is its root run, and each
-  # HParams column (a declared metric) is filled from every run's events.
-  experiment = read_hparams_experiment(str(copy / "runs"))
-  assert experiment["metrics"] == info["metrics"]
+    for name, domain in experiment["hparams"].items():
+      assert session["hparams"][name] in domain, (m["run_name"], name)
+      assert shown_hparam(m["config"][name]) == session["hparams"][name]
+  # Each HParams column (a declared metric) is filled from every run's events.
   assert event_metrics.missing(str(copy)) == {}
+
+
+def _files(root):
+  """``relative path -> bytes`` of every file under ``root``."""
+  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+          for d, _, files in os.walk(root) for f in files}
 
 
 # experiments/<these> : benchmark reports decided by rounds (a JSON and its REPORT.md)

@@ -19,7 +19,8 @@ import pytest
 
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
-from experiments.common.tensorboard_reader import read_hparams_experiment, read_scalars
+from experiments.common.tensorboard_reader import read_scalars
+from launch import tensorboard_views
 from tests.launch.slurm_tools import checkpoint_steps, read_text, scancel_briefly, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -114,7 +115,7 @@ def test_sweep_on_slurm_preempted_task_resumes_bit_for_bit(tmp_path, slurm_env):
             if f.startswith("events.out")], r["workdir"]
   report = read_text(os.path.join(sweep_dir, "REPORT.md"))
   assert "## Ablation table" in report and "| `bf16`" in report
-  exp = read_hparams_experiment(os.path.join(sweep_dir, "runs"))
+  exp = tensorboard_views.read_experiment(sweep_dir)  # in the first run: no `.` run
   assert sorted(exp["hparams"]["recipe"]) == ["bf16", "fp32"]
 
   # The preempted run equals the uninterrupted one in every logged scalar and its row.

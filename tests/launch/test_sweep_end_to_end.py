@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from experiments.common.results import read_results
-from experiments.common.tensorboard_reader import read_hparams_experiment
+from launch import tensorboard_views
 
 from experiments.common.repo_paths import REPO_DIR as REPO
 TINY = ["--override=num_steps=8", "--override=eval_every=4", "--override=checkpoint_every=4",
@@ -31,7 +31,7 @@ def _check(sweep_dir, arms, seeds=(0, 1)):
   for a in arms:
     assert f"| `{a}`" in text
   assert os.path.getsize(os.path.join(sweep_dir, "plots", "train_loss.png")) > 1000
-  exp = read_hparams_experiment(os.path.join(sweep_dir, "runs"))
+  exp = tensorboard_views.read_experiment(sweep_dir)  # in the first run: no `.` run
   assert sorted(exp["hparams"]["recipe"]) == sorted(arms) and exp["metrics"][0] == "eval/loss"
 
 

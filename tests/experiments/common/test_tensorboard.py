@@ -34,7 +34,8 @@ def test_scalars_histograms_hparams_roundtrip(tmp_path):
   assert hists["params/w"][0][1].num == 1000
   session = read_hparams_session(str(tmp_path))
   assert session["trial_id"] == "t0"
-  assert session["hparams"] == {"recipe": "bf16", "lr": 0.01, "layers": 2.0, "flag": True}
+  # An int as its digits: the HParams table shows a number as 5 significant digits.
+  assert session["hparams"] == {"recipe": "bf16", "lr": 0.01, "layers": "2", "flag": True}
   assert session["status"] == "STATUS_SUCCESS"
   assert "_hparams_/session_start_info" in load(str(tmp_path)).Tags()["tensors"]
 
@@ -53,11 +54,15 @@ def test_stopped_session_and_disabled_writer(tmp_path):
 
 
 def test_experiment_summary(tmp_path):
-  write_hparams_experiment(str(tmp_path), {"recipe": ["bf16", "mxfp8"], "seed": [0, 1]},
+  """Ints are their digits (the table showed seed 201 as ``201.00``), listed in numeric
+  order (not "10" before "2"); strings keep the order given (the arms')."""
+  write_hparams_experiment(str(tmp_path), {"recipe": ["mxfp8", "bf16"],
+                                           "seed": [2, 10, 1], "lr": [0.1, 0.01]},
                            ["eval/loss"])
   exp = read_hparams_experiment(str(tmp_path))
-  assert exp["hparams"]["recipe"] == ["bf16", "mxfp8"]
-  assert exp["hparams"]["seed"] == [0.0, 1.0]
+  assert exp["hparams"]["recipe"] == ["mxfp8", "bf16"]
+  assert exp["hparams"]["seed"] == ["1", "2", "10"]
+  assert exp["hparams"]["lr"] == [0.01, 0.1]
   assert exp["metrics"] == ["eval/loss"]
 
 
