@@ -31,7 +31,7 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
-           "looped_rl/report_confirm")
+           "looped_rl/report_confirm", "kv_cache/report_weights")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
