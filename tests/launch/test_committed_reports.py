@@ -61,7 +61,8 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
 
 
 # experiments/<these> : benchmark reports decided by rounds (a JSON and its REPORT.md)
-BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm"}
+BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm",
+                     "looped_rl/report_bench": "experiments.looped_rl.bench_confirm"}
 
 
 @pytest.mark.parametrize("paper", sorted(BENCHMARK_REPORTS))
