@@ -42,6 +42,8 @@ _REGISTRY: dict[str, str] = {
     "temperon_confirm": "experiments.temperon.sweeps:temperon_confirm",
     # The second round (issue 50): the claims that only ever had a pilot.
     "temperon_confirm2": "experiments.temperon.sweeps:temperon_confirm2",
+    # Untested claims of the seed papers, in miniature (issue 50).
+    "kv_cache_weights": "experiments.kv_cache.sweeps:kv_cache_weights",
 }
 
 

@@ -67,3 +67,49 @@ def confirm_appendix(sweep_dir: str) -> str:
   from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.kv_cache.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
+
+
+def weights_appendix(sweep_dir: str) -> str:
+  """The kv_cache_weights sweep's appendix: every weight format's numbers per arm, the
+  per-seed accuracies, and whether every base learned the task."""
+  info, runs = evaluation_metrics(sweep_dir)
+  col = lambda seeds, tag, digits=4: format_spread([s.get(tag) for s in seeds.values()],
+                                                   digits)
+  lines = ["", "## Every weight format", "",
+           "Mean ± sample std over the seeds each arm ran. *accuracy*: greedy exact match "
+           "with the quantized weights (fp32 cache); *agree*: the same greedy completion "
+           "as the float32 model; *k3*, *max |Δlogp|*: the quantized model's log-probs "
+           "against the float32 model's on completions the float32 model sampled at "
+           "T = 1; *W err*: relative L2 error of the quantized kernels (all block "
+           "kernels together); *alpha*: AWQ's chosen exponent, mean over the 8 kernels.",
+           "", "| arm | seeds | accuracy | agree | k3 | max abs Δlogp | W err | alpha |",
+           "|---|---|---|---|---|---|---|---|"]
+  for arm in [a["name"] for a in info["arms"]]:
+    seeds = runs.get(arm, {})
+    if not seeds:
+      lines.append(f"| `{arm}` | 0 | | | | | | |")
+      continue
+    alpha_cell = (col(seeds, "weights/awq_alpha", 3) if all(
+        "weights/awq_alpha" in s for s in seeds.values()) else "—")
+    lines.append(
+        f"| `{arm}` | {len(seeds)} | {col(seeds, 'kv/greedy_accuracy', 4)} | "
+        f"{col(seeds, 'kv/greedy_agreement', 4)} | {col(seeds, 'kv/mismatch_k3', 5)} | "
+        f"{col(seeds, 'kv/max_abs_delta_logp', 3)} | {col(seeds, 'weights/rel_error', 4)} "
+        f"| {alpha_cell} |")
+  arms = [a["name"] for a in info["arms"] if runs.get(a["name"])]
+  all_seeds = sorted({seed for a in arms for seed in runs[a]})
+  lines += ["", "Greedy accuracy per seed (× 512 = problems solved):", "",
+            "| seed | " + " | ".join(f"`{a}`" for a in arms) + " |",
+            "|---|" + "---|" * len(arms)]
+  for seed in all_seeds:
+    cells = [f"{runs[a][seed]['kv/greedy_accuracy']:.4f}" if seed in runs[a] else ""
+             for a in arms]
+    lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+  base = {seed: s["kv/fp32_greedy_accuracy"] for seeds in runs.values()
+          for seed, s in seeds.items() if "kv/fp32_greedy_accuracy" in s}
+  weak = sorted(seed for seed, v in base.items() if v < SOLID_BASE_ACCURACY)
+  lines += ["", ("**Every base learned the task** (float32 greedy accuracy at least "
+                 f"{SOLID_BASE_ACCURACY} on every seed)." if not weak else
+                 f"**The bases of seeds {weak} did not learn the task** (float32 greedy "
+                 f"accuracy below {SOLID_BASE_ACCURACY})."), ""]
+  return "\n".join(lines)

@@ -60,6 +60,7 @@ from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import LoopResult
 from experiments.kv_cache.outliers import scale_key_channels
+from experiments.kv_cache import weights as weights_lib
 from lowprec.models import kv_cache, sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics import kv_quant
@@ -152,11 +153,16 @@ class KVCacheConfig:
                                            domain="[1, inf)")
   temperature: float = config_field(1.0, "Sampling temperature of the mismatch samples.",
                                     domain="(0, inf)")
+  weight_format: str = config_field(
+      "fp32", "Weight-only post-training quantization of the blocks' kernels: fp32, "
+      "<fmt>/channel or <fmt>/g<n>, optionally /awq (see experiments.kv_cache.weights), "
+      "e.g. e4m3/channel, e2m1/g32/awq.")
 
   def __post_init__(self):
     check_fields(self)
     parse_cache(self.key_cache)
     parse_cache(self.value_cache or self.key_cache)
+    weights_lib.parse_weight_format(self.weight_format)
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
                        f"{self.num_heads}")
@@ -220,7 +226,13 @@ def _cache_error(x: jax.Array, spec: kv_quant.KVQuantSpec, scale: Any,
 
 
 def evaluate(config: KVCacheConfig, params: Any) -> dict[str, float]:
-  """The run's metrics (see the module docstring); one compiled program."""
+  """The run's metrics (see the module docstring); one compiled program.
+
+  With a ``weight_format`` other than fp32 the quantized path (greedy accuracy,
+  agreement, replayed samples, stored keys and values) runs the weight-quantized model
+  (:mod:`experiments.kv_cache.weights`, AWQ calibrated on the calibration problems), and
+  the fp32 cache keeps the float32 weights: the mismatch is then that of the
+  quantized weights and cache together against the float32 model."""
   model = config.model()
   key_spec, key_scale = parse_cache(config.key_cache)
   value_spec, value_scale = parse_cache(config.value_cache or config.key_cache)
@@ -229,12 +241,16 @@ def evaluate(config: KVCacheConfig, params: Any) -> dict[str, float]:
   cal = task.supervised_batch(seed=CALIBRATION_STREAM + config.seed, position=0,
                               batch_size=config.calibration_problems, digits=config.digits)
   cal_tokens = jnp.asarray(np.concatenate([cal["inputs"], cal["targets"][:, -1:]], 1))
+  weight_spec = weights_lib.parse_weight_format(config.weight_format)
+  inputs = (weights_lib.linear_inputs(model, params, cal_tokens, model_key)
+            if weight_spec.awq else None)
+  qparams, alphas = weights_lib.quantize_params(params, weight_spec, inputs)
   scales: dict[str, Any] = {}
   if key_scale == "calibrated":
-    scales["key_scales"] = kv_cache.calibrate_scales(model, params, cal_tokens, model_key,
-                                                     key_spec, key_spec)[0]
+    scales["key_scales"] = kv_cache.calibrate_scales(model, qparams, cal_tokens,
+                                                     model_key, key_spec, key_spec)[0]
   if value_scale == "calibrated":
-    scales["value_scales"] = kv_cache.calibrate_scales(model, params, cal_tokens,
+    scales["value_scales"] = kv_cache.calibrate_scales(model, qparams, cal_tokens,
                                                        model_key, value_spec, value_spec)[1]
   quant = kv_cache.cached_lm(model, key_spec, value_spec, **scales)
   ref = kv_cache.cached_lm(model)
@@ -245,16 +261,16 @@ def evaluate(config: KVCacheConfig, params: Any) -> dict[str, float]:
   sample_key = jax.random.PRNGKey(config.seed)
 
   @jax.jit
-  def run(prm):
-    greedy = lambda cm: sampling.sample_cached(cm, prm, prompts, num_new, model_key,
-                                               top_k=1).tokens[:, prompt_len:]
+  def run(prm, qprm):
+    greedy = lambda cm, w: sampling.sample_cached(cm, w, prompts, num_new, model_key,
+                                                  top_k=1).tokens[:, prompt_len:]
     drawn = sampling.sample_cached(ref, prm, prompts, num_new, sample_key,
                                    temperature=config.temperature)
-    replayed = sampling.cached_sequence_log_probs(quant, prm, drawn.tokens, prompt_len,
+    replayed = sampling.cached_sequence_log_probs(quant, qprm, drawn.tokens, prompt_len,
                                                   sample_key,
                                                   temperature=config.temperature)
     # Keys and values of the teacher-forced problems, stored and read back.
-    _, cache = model.apply({"params": prm}, full, model_key,
+    _, cache = model.apply({"params": qprm}, full, model_key,
                            cache=kv_cache.init_cache(model.config, *full.shape))
     errors = {}
     for kind, spec, layer_scales, stored in (
@@ -268,9 +284,9 @@ def evaluate(config: KVCacheConfig, params: Any) -> dict[str, float]:
       errors[f"{kind}_bad_frac"] = jnp.mean(jnp.stack([e[1] for e in per_layer]))
       errors[f"{kind}_abs_max"] = jnp.max(jnp.stack([jnp.max(jnp.abs(kv_quant.read(c)))
                                                      for c in stored]))
-    return greedy(ref), greedy(quant), drawn, replayed, errors
+    return greedy(ref, prm), greedy(quant, qprm), drawn, replayed, errors
 
-  ref_greedy, q_greedy, drawn, replayed, errors = jax.device_get(run(params))
+  ref_greedy, q_greedy, drawn, replayed, errors = jax.device_get(run(params, qparams))
   mask = task.completion_mask(np.asarray(drawn.tokens[:, prompt_len:]))
   mismatch = mismatch_kl(jnp.asarray(replayed), jnp.asarray(drawn.logp), jnp.asarray(mask))
   return {
@@ -281,7 +297,21 @@ def evaluate(config: KVCacheConfig, params: Any) -> dict[str, float]:
       "kv/max_abs_delta_logp": float(mismatch["max_abs_delta_logp"]),
       "kv/bytes_per_token": kv_cache.bytes_per_token(model.config, key_spec, value_spec),
       **{f"kv/{k}": float(v) for k, v in errors.items()},
+      **weight_metrics(params, qparams, alphas),
   }
+
+
+def weight_metrics(params: Any, qparams: Any, alphas: dict[str, float]) -> dict[str, float]:
+  """``weights/rel_error``: relative L2 error of the quantized kernels (all together; 0
+  for fp32); with AWQ, ``weights/awq_alpha``: its mean chosen alpha."""
+  diff = sum(float(jnp.sum((q - p) ** 2)) for p, q in
+             zip(jax.tree.leaves(params), jax.tree.leaves(qparams)))
+  norm = sum(float(jnp.sum(p ** 2)) for p, q in
+             zip(jax.tree.leaves(params), jax.tree.leaves(qparams)) if q is not p)
+  out = {"weights/rel_error": math.sqrt(diff / norm) if norm else 0.0}
+  if alphas:
+    out["weights/awq_alpha"] = float(np.mean(list(alphas.values())))
+  return out
 
 
 def train_and_evaluate(config: KVCacheConfig, options: RunOptions) -> dict[str, Any]:

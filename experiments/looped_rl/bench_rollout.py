@@ -13,12 +13,17 @@ printed is ``dense / deferred`` (above 1: deferred is faster). Shapes: the GRPO
 batch's (prompt 8, 5 new tokens) and a longer decode (prompt 32, 96 new tokens).
 Note that this deferred path saves no loop compute for exited tokens (they keep
 running through deeper loops so later tokens can attend to them).
+
+The claim "deferred rollout is faster than dense" is decided by
+:mod:`experiments.looped_rl.bench_confirm` (sequential rounds on one pinned core, built
+from :func:`rollout_fns`); this script is the quick one-off ratio.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any, Callable
 
 from absl import app, flags
 import jax
@@ -38,31 +43,42 @@ def define_flags() -> None:
   flags.DEFINE_list("recipes", ["fp32", "bf16"], "Recipes to time.")
 
 
+def rollout_fns(recipe: str, prompt_len: int, num_new: int, batch: int
+                ) -> dict[str, Callable[[], Any]]:
+  """``{"deferred": f, "dense": f}``: each a jitted, compiled call that samples
+  ``num_new`` tokens after ``prompt_len`` random prompt tokens for ``batch`` rows with
+  the looped_rl sweep's model (``recipe``; random weights), as the module docstring
+  says."""
+  base = LoopedRLConfig(recipe=recipe)
+  model = base.model()
+  model = model.clone(config=dataclasses.replace(model.config,
+                                                 max_len=prompt_len + num_new))
+  key = jax.random.PRNGKey(0)
+  params = model.init(key, jnp.zeros((1, prompt_len), jnp.int32), key)["params"]
+  prompts = jax.random.randint(jax.random.PRNGKey(1), (batch, prompt_len), 0,
+                               model.config.vocab_size)
+  dense_apply = lambda p, t, k: model.apply({"params": p}, t, k)[0]
+  spec = ROLLOUT_KV["fp32" if recipe == "fp32" else "bf16"]
+  deferred = jax.jit(lambda p: looped.rollout(model, p, prompts, num_new, key,
+                                              key_spec=spec).tokens)
+  dense = jax.jit(lambda p: sampling.sample(dense_apply, p, prompts, num_new,
+                                            key).tokens)
+  fns = {"deferred": lambda: deferred(params), "dense": lambda: dense(params)}
+  for fn in fns.values():
+    jax.block_until_ready(fn())  # compile
+  return fns
+
+
 def main(argv):
   del argv
   for prompt_len, num_new in SHAPES:
     for recipe in flags.FLAGS.recipes:
-      base = LoopedRLConfig(recipe=recipe)
-      model = base.model()
-      model = model.clone(config=dataclasses.replace(model.config,
-                                                     max_len=prompt_len + num_new))
-      key = jax.random.PRNGKey(0)
-      params = model.init(key, jnp.zeros((1, prompt_len), jnp.int32), key)["params"]
-      prompts = jax.random.randint(jax.random.PRNGKey(1), (flags.FLAGS.batch, prompt_len), 0,
-                                   model.config.vocab_size)
-      dense_apply = lambda p, t, k: model.apply({"params": p}, t, k)[0]
-      spec = ROLLOUT_KV["fp32" if recipe == "fp32" else "bf16"]
-      deferred = jax.jit(lambda p: looped.rollout(model, p, prompts, num_new, key,
-                                                  key_spec=spec).tokens)
-      dense = jax.jit(lambda p: sampling.sample(dense_apply, p, prompts, num_new,
-                                                key).tokens)
-      for fn in (deferred, dense):
-        jax.block_until_ready(fn(params))  # compile
+      fns = rollout_fns(recipe, prompt_len, num_new, flags.FLAGS.batch)
       best = {"deferred": float("inf"), "dense": float("inf")}
       for _ in range(flags.FLAGS.repeats):
-        for name, fn in (("deferred", deferred), ("dense", dense)):
+        for name, fn in fns.items():
           t = time.perf_counter()
-          jax.block_until_ready(fn(params))
+          jax.block_until_ready(fn())
           best[name] = min(best[name], time.perf_counter() - t)
       print(f"{recipe}, batch {flags.FLAGS.batch}, prompt {prompt_len}, {num_new} new tokens, "
             f"min of {flags.FLAGS.repeats}: dense / deferred = "

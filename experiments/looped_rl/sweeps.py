@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.common.confirmatory import CountClaim, Pilot
+from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.looped_rl.experiment import LoopedRLConfig
 
@@ -139,3 +140,53 @@ def looped_rl_confirm() -> Sweep:
       "its own warm start (about 120 s): 4 arms x 10 seeds = 40 runs, about 40-45 min "
       "at --parallel=2. Nothing was shrunk.",
       report_dir="experiments/looped_rl/report_confirm")
+
+
+# ---- The rollout throughput claim (issue 50): a benchmark decided by rounds ------------
+#
+# ScaleRLT's "rollout throughput gain of deferred over dense computation" is a property
+# of the rollout code, not of a training run's seed, so it is decided like the QLoRA
+# speed claims (experiments/qlora/sweeps.py, SPEED_*): rounds of an interleaved timing
+# in one process on one pinned core (:mod:`experiments.looped_rl.bench_confirm`, the
+# machinery of :mod:`experiments.common.bench_sequential`). In each round every method
+# (a rollout path at a shape, :func:`experiments.looped_rl.bench_rollout.rollout_fns`:
+# the sweep's model, fp32, random weights, 128 rows) is called ROLLOUT_REPEATS times in
+# a rotated order and its fastest call kept. The paired unit is the round's difference
+# of log times ``deferred − dense`` at the same shape (minus the log of the throughput
+# gain dense / deferred). Test: kind ``better`` on that log time (lower is better),
+# decided by the sequential plan below over rounds (repeated 95% intervals,
+# O'Brien-Fleming-type spending at level 0.05): held when the interval lies below 0.
+# Margin: none (a ``better`` claim has none; the paper claims a gain, not its size).
+# Shapes: the sweep's GRPO batch (16 problems x 8 samples = 128 rows, prompt 8, 5
+# answer tokens) and a longer decode (prompt 16, 16 new tokens). Declared before the
+# first round.
+#
+# Sizing: a probe of rollout_fns on this commit's parent (fp32, 128 rows, min of 2
+# calls, pinned to one core of the shared 2-core machine at a load average of about 7)
+# measured deferred 9.0 ms vs dense 36.6 ms at the GRPO shape (dense / deferred 4.07)
+# and 14.4 ms vs 300 ms at prompt 16 + 16 (20.8); prompt 16 + 24 took 660 ms dense,
+# and bench_rollout's prompt 32 + 96 took 90 s dense a call (at a load of 14-16), too
+# slow to repeat, so the longer shape is 16 + 16, which keeps every call well under a
+# second. A round (5 calls of each method) is then about 1.8 s, or twice that at a load
+# of 15: 30 rounds take at most about 2 min after about 40 s of compiling. With effects
+# of this size (log ratios about -1.4 and -3.0) the first look (10 rounds, repeated
+# 95% interval's c = 6.00) decides both claims unless the per-round log ratios have a
+# standard deviation above about 0.74 (1.4 x sqrt(10) / 6.00) and 1.6; the QLoRA
+# benchmark's was 0.09-0.11 under the same kind of load.
+
+ROLLOUT_SHAPES = ((8, 5), (16, 16))  # (prompt_len, num_new)
+ROLLOUT_BATCH = 128
+ROLLOUT_RECIPE = "fp32"
+ROLLOUT_REPEATS = 5
+ROLLOUT_PLAN = SequentialPlan(batch=10, cap=30)  # looks at 10, 20 and 30 rounds
+ROLLOUT_LOG_S = "rollout/log_s"  # natural log of the round's fastest rollout, seconds
+ROLLOUT_SOURCE = "ScaleRLT (seed list summary): a rollout throughput gain of deferred over dense"
+ROLLOUT_CLAIMS = (
+    Claim("deferred rollout is faster than dense (the GRPO batch: prompt 8, 5 new "
+          "tokens)", "better", "deferred_p8_n5", "dense_p8_n5", ROLLOUT_LOG_S,
+          source=ROLLOUT_SOURCE),
+    Claim("deferred rollout is faster than dense (a longer decode: prompt 16, 16 new "
+          "tokens)", "better", "deferred_p16_n16", "dense_p16_n16", ROLLOUT_LOG_S,
+          source=ROLLOUT_SOURCE),
+)
+ROLLOUT_REPORT_DIR = "experiments/looped_rl/report_bench"

@@ -32,12 +32,11 @@ import numpy as np
 
 from absl import app, flags
 
-from experiments.common import run_metadata
+from experiments.common import bench_sequential, run_metadata
 from experiments.common.confirmatory import fixed_verdict
-from experiments.common.sequential import SequentialPlan, claim_outcome
+from experiments.common.sequential import SequentialPlan
 from experiments.qlora import sweeps
 from experiments.qlora.appendix import NO_SLOWDOWN, speed_verdict
-from lowprec.numerics import benchmarking
 
 FLAGS = flags.FLAGS
 
@@ -57,23 +56,14 @@ def _declaration() -> dict[str, Any]:
 
 def outcomes(log_s: dict[str, list[float]], looks_done: int) -> list:
   """Every claim's sequential outcome on the rounds so far (rounds are the pairs)."""
-  plan = sweeps.SPEED_PLAN
-  rounds = tuple(range(plan.cap))
-  return [claim_outcome(c, dict(enumerate(log_s[c["arm"]])),
-                        dict(enumerate(log_s[c["baseline"]])), False, plan, rounds,
-                        looks_done) for c in _claims()]
+  return bench_sequential.outcomes(_claims(), sweeps.SPEED_PLAN, log_s, looks_done)
 
 
 def run(out_dir: str, cpu: int, config: Any = None) -> dict[str, Any]:
   """Runs the benchmark look by look; returns (and writes) the JSON record. ``config``:
   the sweep's model (``QLoRAConfig()``) unless given (a test's tiny one)."""
-  allowed = sorted(os.sched_getaffinity(0))
-  cpu = allowed[-1] if cpu < 0 else cpu
-  os.sched_setaffinity(0, {cpu})
-  try:
+  with bench_sequential.pinned(cpu) as (cpu, allowed):
     return _run_pinned(out_dir, cpu, allowed, config)
-  finally:
-    os.sched_setaffinity(0, set(allowed))
 
 
 def _run_pinned(out_dir: str, cpu: int, allowed: list[int], config: Any) -> dict[str, Any]:
@@ -99,39 +89,14 @@ def _run_pinned(out_dir: str, cpu: int, allowed: list[int], config: Any) -> dict
                                                                  "double_quant")},
       "git": run_metadata.git_state(), "backend": jax.default_backend(),
       "jax": jax.__version__, "machine": platform.machine(), "cpus_allowed": len(allowed),
-      "pinned_cpu": cpu, "compile_s": round(time.perf_counter() - t0, 1),
-      "per_round_s": {n: [] for n in sweeps.SPEED_METHODS}, "looks": []}
-  plan = sweeps.SPEED_PLAN
-  schedule = plan.looks()
-  done = 0
-  for k, n in enumerate(schedule, start=1):
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    t1 = time.perf_counter()
-    times = benchmarking.interleaved(fns, n - done, sweeps.SPEED_REPEATS, first=done)
-    for name, ts in times.items():
-      record["per_round_s"][name] += ts
-    done = n
-    log_s = {m: [math.log(t) for t in ts] for m, ts in record["per_round_s"].items()}
-    now = outcomes(log_s, k)
-    record["looks"].append({
-        "look": k, "rounds": n, "wall_s": round(time.perf_counter() - t1, 1),
-        "load_average_before": load_before,
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "decided": [{"claim": i, "verdict": o.verdict} for i, o in enumerate(now)
-                    if o.decided_look == k]})
-    print(f"look {k} of {len(schedule)} ({n} rounds): "
-          + "; ".join(f"claim {i + 1}: {o.verdict}" for i, o in enumerate(now)))
-    if all(o.decided_look for o in now):
-      break
+      "pinned_cpu": cpu, "compile_s": round(time.perf_counter() - t0, 1)}
+  bench_sequential.run_looks(fns, _claims(), sweeps.SPEED_PLAN, sweeps.SPEED_REPEATS,
+                             record)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, JSON_FILE), "w") as f:
     json.dump(record, f, indent=1, sort_keys=True)
     f.write("\n")
   return record
-
-
-def _f(x: float, digits: int = 4) -> str:
-  return f"{x:.{digits}f}"
 
 
 def _pilot_lines() -> list[str]:
@@ -158,45 +123,13 @@ def _pilot_lines() -> list[str]:
   return rows
 
 
-def _distribution_free_lines(decl: dict[str, Any], log_s: dict[str, list[float]],
-                             claim_outcomes: list) -> list[str]:
-  """The claims' per-round log ratios (the rounds each claim's verdict read, from its
-  sequential outcome) checked without the t-test's normality: their
-  excess kurtosis, the sign-test interval of the median (exact coverage), and, for a
-  claim the t-test left undecided, the rounds its observed mean would need."""
-  from scipy import stats as scipy_stats  # pylint: disable=import-outside-toplevel
-  from experiments.common.stats import median_interval, seeds_needed  # pylint: disable=import-outside-toplevel
-  lines = ["", "## Without the normal assumption", "",
-           "The per-round log ratios are heavy-tailed (a shared machine: a round that "
-           "coincides with another process's burst is far off), which a t-interval "
-           "assumes away. Beside it: the excess kurtosis (0 for a normal), the sign-test "
-           "interval of the median log ratio with its exact coverage over the rounds the "
-           "verdict read, which assumes only independent rounds (`experiments.common.stats.median_interval`), and the "
-           "rounds a fixed-n paired t-test would need to decide the observed mean with "
-           "80% power were it the true effect (`experiments.common.stats.seeds_needed`).",
-           "", "| claim | rounds | excess kurtosis | median log ratio [sign-test interval] "
-           "(coverage) | median ratio | rounds needed (80% power, fixed n) |",
-           "|---|---|---|---|---|---|"]
-  for i, (c, o) in enumerate(zip(decl["claims"], claim_outcomes), start=1):
-    d = [a - b for a, b in zip(log_s[c["arm"]], log_s[c["baseline"]])][:o.last.n]
-    m = median_interval(d)
-    need = (seeds_needed(sum(d) / len(d), float(np.std(d, ddof=1)))
-            if o.verdict.startswith("not decided") and c["kind"] in ("better", "worse")
-            else "— (decided)" if not o.verdict.startswith("not decided") else "n/a")
-    lines.append(f"| {i} | {len(d)} | {scipy_stats.kurtosis(d):.1f} | {_f(m.median)} "
-                 f"[{_f(m.ci_low)}, {_f(m.ci_high)}] ({100 * m.coverage:.1f}%) | "
-                 f"{math.exp(m.median):.3f} [{math.exp(m.ci_low):.3f}, "
-                 f"{math.exp(m.ci_high):.3f}] | {need if need is not None else 'n/a'} |")
-  return lines
-
-
 def build_report(out_dir: str) -> str:
   """Writes ``<out_dir>/REPORT.md`` from ``bench_speed.json`` (and ``FINDINGS.md``)."""
   with open(os.path.join(out_dir, JSON_FILE)) as f:
     record = json.load(f)
   decl = record["declaration"]
   plan = SequentialPlan(**decl["plan"])
-  log_s = {m: [math.log(t) for t in ts] for m, ts in record["per_round_s"].items()}
+  log_s = bench_sequential.log_times(record["per_round_s"])
   looks_done = len(record["looks"])
   now = outcomes(log_s, looks_done)
   git = record["git"]
@@ -228,39 +161,19 @@ def build_report(out_dir: str) -> str:
       f"O'Brien-Fleming-type spending at level {plan.alpha:g}, repeated intervals "
       "(docs/sweeps.md, \"Sequential sweeps\"). The ratio column is exp of the mean log "
       "ratio with its repeated 95% interval.", "",
-      "| claim | comparison | mean log ratio [repeated 95%] | ratio | look decided | "
-      "rounds used | verdict |", "|---|---|---|---|---|---|---|"]
-  for i, (c, o) in enumerate(zip(decl["claims"], now), start=1):
-    last = o.last
-    extra = ""
-    if c["kind"] == "not_better":
-      extra = (f"; repeated one-sided 95% bound on `{c['arm']}`'s gain "
-               f"{_f(-last.inner[0])} (margin {c['margin']:g} = log 1.02)")
-    look = f"{o.decided_look} of {len(plan.looks())}" if o.decided_look else "—"
-    lines.append(
-        f"| {i}. {c['text']} ({c['source']}) | `{c['arm']}` {c['kind']} than/as "
-        f"`{c['baseline']}` on `{c['metric']}` | {_f(last.mean)} [{_f(last.ci[0])}, "
-        f"{_f(last.ci[1])}] (c = {last.two_sided:.2f}){extra} | {math.exp(last.mean):.3f} "
-        f"[{math.exp(last.ci[0]):.3f}, {math.exp(last.ci[1]):.3f}] | {look} | {last.n} | "
-        f"**{o.verdict}** |")
-  lines += _distribution_free_lines(decl, log_s, now)
-  lines += ["", "## Looks", "", "| look | rounds | wall s | load average before → after "
-            "| decided at this look |", "|---|---|---|---|---|"]
-  for rec in record["looks"]:
-    decided = ", ".join(f"{d['claim'] + 1} ({d['verdict']})" for d in rec["decided"])
-    lines.append(f"| {rec['look']} | {rec['rounds']} | {rec['wall_s']:.1f} | "
-                 f"{rec['load_average_before']} → {rec['load_average_after']} | "
-                 f"{decided or '—'} |")
+  ]
+  lines += bench_sequential.claims_lines(
+      decl["claims"], now, plan, lambda c: f"margin {c['margin']:g} = log 1.02")
+  lines += bench_sequential.distribution_free_lines(decl["claims"], log_s, now)
+  lines += bench_sequential.looks_lines(record)
   lines += ["", "## Step times", "", f"Over the {rounds} rounds: the median of the "
             "per-round fastest step, and the per-round ratio to the baseline (median "
             "[min, max]).", "", "| method | ms per step | ratio to baseline |",
             "|---|---|---|"]
   for m in decl["methods"]:
-    ts = sorted(record["per_round_s"][m])
-    ratios = sorted(math.exp(a - b) for a, b in zip(log_s[m], log_s[decl["baseline"]]))
-    med = lambda xs: (xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2
-    lines.append(f"| `{m}` | {1e3 * med(ts):.1f} | {med(ratios):.3f} [{ratios[0]:.3f}, "
-                 f"{ratios[-1]:.3f}] |")
+    t, ratio, low, high = bench_sequential.ratio_row(record["per_round_s"], m,
+                                                     decl["baseline"])
+    lines.append(f"| `{m}` | {1e3 * t:.1f} | {ratio:.3f} [{low:.3f}, {high:.3f}] |")
   lines += ["", "## Pilot and confirmatory, side by side", "",
             "The pilot (`experiments/qlora/report/bench_step.json`: 10 rounds, 7 calls, "
             "both cores, not pinned) declared 'held when every round's ratio is on the "
@@ -301,6 +214,8 @@ def define_flags() -> None:
 def main(argv):
   del argv
   if not FLAGS.report_only:
+    if (error := bench_sequential.cpu_error(FLAGS.cpu)) is not None:
+      raise app.UsageError(error, exitcode=2)
     git = run_metadata.git_state()
     if git.get("dirty"):
       raise app.UsageError(f"refusing to run: tracked files differ from commit "

@@ -31,10 +31,11 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "looped_rl/report", "kv_cache/report", "optimizer_state/report", "qlora/report",
            "stale_sampler/report", "mxfp8_rl/report", "mxfp8_rl/report_faults",
            "temperon/report", "temperon/report_confirm", "temperon/report_confirm2",
-           "memoir/report", "memoir/report/long", "memoir/report_confirm", "kv_cache/report_confirm",
+           "memoir/report", "memoir/report/long", "memoir/report_confirm",
+           "kv_cache/report_confirm",
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
-           "looped_rl/report_confirm", "memoir/report_energy")
+           "looped_rl/report_confirm", "memoir/report_energy", "kv_cache/report_weights")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
@@ -82,7 +83,8 @@ def _files(root):
 # experiments/<these> : benchmark reports decided by rounds (a JSON and its REPORT.md)
 BENCHMARK_REPORTS = {"qlora/report_confirm": "experiments.qlora.bench_confirm",
                      "optimizer_state/report_memory":
-                         "experiments.optimizer_state.memory_budget"}
+                         "experiments.optimizer_state.memory_budget",
+                     "looped_rl/report_bench": "experiments.looped_rl.bench_confirm"}
 
 
 @pytest.mark.parametrize("paper", sorted(BENCHMARK_REPORTS))

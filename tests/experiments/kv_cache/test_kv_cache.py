@@ -99,13 +99,14 @@ def test_run_end_to_end(tmp_path):
   config = kv.KVCacheConfig(seed=0, key_cache="e4m3/tensor/calibrated",
                             value_cache="int8/token", key_outlier_log2=8,
                             key_outlier_channels=2, d_model=32, num_layers=1, d_ff=32,
-                            pretrain_steps=2, eval_problems=8, calibration_problems=4,
+                            weight_format="e2m1/g16/awq", pretrain_steps=2, eval_problems=8, calibration_problems=4,
                             pretrain_dir=str(tmp_path / "pretrain"))
   options = RunOptions(workdir=str(tmp_path / "run"), single_process=True)
   summary = kv.train_and_evaluate(config, options)
   m = summary["metrics"]
   assert summary["completed"] and 0 <= m["kv/greedy_accuracy"] <= 1
   assert m["kv/key_abs_max"] > 100  # the outlier channels
+  assert 0 < m["weights/rel_error"] < 0.3 and 0 <= m["weights/awq_alpha"] < 1
   assert m["kv/bytes_per_token"] == kv_cache.bytes_per_token(
       config.model().config, kv_quant.KVQuantSpec("e4m3", "tensor"),
       kv_quant.KVQuantSpec("int8", "token"))
