@@ -8,7 +8,10 @@ While a quantized model's call is active in a thread, these functions are replac
 * ``jax.numpy.einsum``     -> :func:`einsum`       (``einsum``; ``attention`` when issued by
   Flax's attention functions)
 * ``jax.numpy.matmul``, ``jax.numpy.dot`` and the ``@`` operator of JAX arrays and
-  tracers -> :func:`matmul` / :func:`dot`          (``matmul``)
+  tracers, ``jax.numpy.tensordot``, ``inner`` and ``vdot`` -> :mod:`.products`'
+  :func:`matmul`, :func:`dot`, ... (``matmul``: each is one dot_general);
+  ``jax.numpy.outer`` and products with a scalar have no contraction: recorded, run as
+  written, and a warning under a quantizing rule
 * ``jax.lax.conv_general_dilated`` -> :func:`conv_general_dilated` (``conv``)
 * ``jax.nn.dot_product_attention`` -> :func:`dot_product_attention` (``attention``): under
   a quantizing rule it runs JAX's own XLA attention with its two einsums quantized.
@@ -16,8 +19,8 @@ While a quantized model's call is active in a thread, these functions are replac
 Each op hands itself to :func:`.context.handle`, which looks up the module that issued
 it (the front ends, :mod:`.linen_front` and :mod:`.nnx_front`, keep the module stack)
 and the first rule matching its path and kind, records what it did (:mod:`.recording`),
-and runs the original or the recipe's quantized op (:mod:`numerics.qdot`,
-:mod:`numerics.qconv`). The library's own contractions inside a quantized op pass
+and runs the original or the recipe's quantized op (:mod:`lowprec.numerics.qdot`,
+:mod:`lowprec.numerics.qconv`). The library's own contractions inside a quantized op pass
 through (``Context.busy``).
 """
 
@@ -42,12 +45,17 @@ from lowprec.numerics import qdot
 from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import recording
 from lowprec.models.quantization.context import Context, active
+from lowprec.models.quantization.products import (JNP_DOT, JNP_INNER, JNP_MATMUL,
+                                                   JNP_OUTER, JNP_TENSORDOT, JNP_VDOT,
+                                                   _intercepted_dot, _intercepted_inner,
+                                                   _intercepted_matmul, _intercepted_outer,
+                                                   _intercepted_tensordot,
+                                                   _intercepted_vdot)
 
-# The functions the model would have called (captured before any interception).
+# The functions the model would have called (captured before any interception; the
+# jnp products' originals are captured in .products).
 LAX_DOT_GENERAL = lax.dot_general
 JNP_EINSUM = jnp.einsum
-JNP_MATMUL = jnp.matmul
-JNP_DOT = jnp.dot
 LAX_CONV = lax.conv_general_dilated
 FUSED_ATTENTION = jax.nn.dot_product_attention
 
@@ -68,6 +76,10 @@ def _install(intercepting: bool) -> None:
     jax.numpy.einsum = _intercepted_einsum
     jax.numpy.matmul = _intercepted_matmul
     jax.numpy.dot = _intercepted_dot
+    jax.numpy.tensordot = _intercepted_tensordot
+    jax.numpy.inner = _intercepted_inner
+    jax.numpy.vdot = _intercepted_vdot
+    jax.numpy.outer = _intercepted_outer
     tensor_contractions.matmul = _intercepted_matmul  # the @ operator
     jax.lax.conv_general_dilated = _intercepted_conv
     jax.nn.dot_product_attention = _intercepted_attention
@@ -76,6 +88,10 @@ def _install(intercepting: bool) -> None:
     jax.numpy.einsum = JNP_EINSUM
     jax.numpy.matmul = JNP_MATMUL
     jax.numpy.dot = JNP_DOT
+    jax.numpy.tensordot = JNP_TENSORDOT
+    jax.numpy.inner = JNP_INNER
+    jax.numpy.vdot = JNP_VDOT
+    jax.numpy.outer = JNP_OUTER
     tensor_contractions.matmul = JNP_MATMUL
     jax.lax.conv_general_dilated = LAX_CONV
     jax.nn.dot_product_attention = FUSED_ATTENTION
@@ -114,7 +130,7 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   Outside a quantized model it is ``lax.dot_general`` (``key`` unused). Inside one,
   the op follows its module's rule, and a recipe that draws random numbers uses ``key``
   (when given) instead of the ``quant`` rng stream: models that derive a key per matmul
-  (``models.transformer.DecoderLM``) keep their key scheme under quantization.
+  (``lowprec.models.transformer.DecoderLM``) keep their key scheme under quantization.
   """
   def original():
     return LAX_DOT_GENERAL(lhs, rhs, dimension_numbers, precision=precision,
@@ -186,6 +202,7 @@ def einsum(subscripts, *operands, _dot_general=None, **kwargs):
     return out, telemetry
 
   def check(rule, where):
+    del rule  # the remedy is the same whichever rule asked
     if not isinstance(subscripts, str) or len(operands) != 2:
       raise ValueError(f"{where}: quantize_model quantizes two-operand einsums; this one "
                        f"is {subscripts!r} with {len(operands)} operands: give its module "
@@ -204,76 +221,6 @@ def _intercepted_einsum(subscripts, *operands, **kwargs):
   return einsum(subscripts, *operands, **kwargs)
 
 
-# ---------------------------------------------------------------------- matmul, dot
-
-
-def _matmul_operands(a, b):
-  """(a, b, dimension_numbers) of ``jnp.matmul(a, b)`` as one dot_general, or None
-  for a product with a scalar (no contraction)."""
-  na, nb = jnp.ndim(a), jnp.ndim(b)
-  if na == 0 or nb == 0:
-    return None
-  if nb == 1:
-    return a, b, (((na - 1,), (0,)), ((), ()))
-  if na == 1:
-    return a, b, (((0,), (nb - 2,)), ((), ()))
-  if nb == 2:
-    return a, b, (((na - 1,), (0,)), ((), ()))
-  batch = jnp.broadcast_shapes(jnp.shape(a)[:-2], jnp.shape(b)[:-2])
-  a = jnp.broadcast_to(a, batch + jnp.shape(a)[-2:])
-  b = jnp.broadcast_to(b, batch + jnp.shape(b)[-2:])
-  n = len(batch)
-  return a, b, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n))))
-
-
-def _dot_operands(a, b):
-  """(a, b, dimension_numbers) of ``jnp.dot(a, b)`` as one dot_general, or None."""
-  na, nb = jnp.ndim(a), jnp.ndim(b)
-  if na == 0 or nb == 0:
-    return None
-  return a, b, (((na - 1,), (max(nb - 2, 0),)), ((), ()))
-
-
-def _contraction(op, original_fn, operands_fn, a, b, precision, preferred_element_type,
-                 kwargs):
-  def original():
-    return original_fn(a, b, precision=precision,
-                       preferred_element_type=preferred_element_type, **kwargs)
-
-  ctx = active()
-  parts = None if ctx is None or ctx.busy else operands_fn(a, b)
-  if parts is None:
-    return original()
-  lhs, rhs, dn = parts
-
-  def quantized(recipe, state, key):
-    return qdot.quantized_dot_general_with_state(
-        lhs, rhs, dn, recipe, state, key=key, precision=precision,
-        preferred_element_type=preferred_element_type)
-
-  return context_lib.handle(op, "matmul", jnp.shape(a), jnp.shape(b), original, quantized)
-
-
-def matmul(a, b, *, precision=None, preferred_element_type=None, **kwargs):
-  """``jnp.matmul`` (and ``a @ b``) that a quantized model intercepts (kind ``matmul``)."""
-  return _contraction("matmul", JNP_MATMUL, _matmul_operands, a, b, precision,
-                      preferred_element_type, kwargs)
-
-
-def dot(a, b, *, precision=None, preferred_element_type=None, **kwargs):
-  """``jnp.dot`` that a quantized model intercepts (kind ``matmul``)."""
-  return _contraction("dot", JNP_DOT, _dot_operands, a, b, precision,
-                      preferred_element_type, kwargs)
-
-
-def _intercepted_matmul(a, b, **kwargs):
-  return matmul(a, b, **kwargs)
-
-
-def _intercepted_dot(a, b, **kwargs):
-  return dot(a, b, **kwargs)
-
-
 # ---------------------------------------------------------------------- conv
 
 
@@ -282,7 +229,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
                          feature_group_count=1, batch_group_count=1, precision=None,
                          preferred_element_type=None, **kwargs):
   """``lax.conv_general_dilated`` that a quantized model intercepts (kind ``conv``):
-  under a quantizing rule, :func:`numerics.qconv.quantized_conv_general_dilated`."""
+  under a quantizing rule, :func:`lowprec.numerics.qconv.quantized_conv_general_dilated`."""
   def original():
     return LAX_CONV(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
                     dimension_numbers, feature_group_count, batch_group_count,
@@ -304,8 +251,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     if feature_group_count != 1 or batch_group_count != 1:
       raise ValueError(f"{where}: a grouped convolution (feature_group_count="
                        f"{feature_group_count}, batch_group_count={batch_group_count}) is "
-                       f"not one GEMM and cannot be quantized under rule "
-                       f"{rule.module_path!r}: give its module a rule with recipe=None")
+                       f"not one GEMM and cannot be quantized under {rule}: give its "
+                       f"module a rule with recipe=None")
 
   return context_lib.handle("conv", "conv", jnp.shape(lhs), jnp.shape(rhs), original, quantized,
                  check=check)
@@ -344,13 +291,14 @@ def dot_product_attention(query, key, value, *args, **kwargs):
       ctx.config.caught.add(id(rule))
     recording.record(recording.OpRecord(path, op_id, rule, tuple(jnp.shape(query)),
                                         tuple(jnp.shape(key)), "attention",
-                                        context_lib.reason(rule)))
+                                        context_lib.reason(ctx.config, rule)))
     with context_lib.passthrough(ctx):
       return FUSED_ATTENTION(query, key, value, *args, **kwargs)
   if kwargs.get("implementation") not in (None, "xla"):
-    raise ValueError(f"{path or '<model>'}: jax.nn.dot_product_attention(implementation="
-                     f"{kwargs['implementation']!r}) cannot be quantized under rule "
-                     f"{rule.module_path!r}: give its module a rule with recipe=None")
+    raise ValueError(f"{context_lib.where(path)}: jax.nn.dot_product_attention("
+                     f"implementation={kwargs['implementation']!r}) cannot be quantized "
+                     f"under {context_lib.describe(ctx.config, rule)}: give its module a "
+                     f"rule with recipe=None")
   kwargs = dict(kwargs, implementation="xla")
   attention, ctx.attention = ctx.attention, True
   # JAX's XLA attention, its einsums quantized for this call and its heads expanded
