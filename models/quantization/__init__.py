@@ -24,16 +24,17 @@ What is intercepted (the op kinds a rule's ``ops`` selects; :mod:`.interception`
 
 | kind | calls | quantized as |
 |---|---|---|
-| ``dot_general`` | ``jax.lax.dot_general`` (``nn.Dense``, ``nnx.Linear``, ...) | the GEMM |
+| ``dot_general`` | ``jax.lax.dot_general`` (``nn.Dense``, ``nnx.Linear``, ...), ``lax.dot``, ``lax.batch_matmul`` | the GEMM |
 | ``einsum`` | ``jnp.einsum`` with two operands (``nn.Einsum``, ``nnx.Einsum``) | the GEMM |
-| ``matmul`` | ``x @ w``, ``jnp.matmul``, ``jnp.dot``, ``jnp.tensordot``, ``jnp.inner``, ``jnp.vdot`` | the GEMM (batched ``@`` broadcast first; ``vdot``'s operands flattened) |
-| ``matmul`` | ``jnp.outer``, ``jnp.dot`` / ``jnp.inner`` with a scalar | no GEMM: run as written, recorded; a quantizing rule warns |
+| ``matmul`` | ``x @ w``, ``jnp.matmul``, ``jnp.dot``, ``jnp.tensordot``, ``jnp.inner``, ``jnp.vdot``, ``jnp.vecdot``, ``jnp.matvec``, ``jnp.vecmat``, ``jnp.linalg.matmul`` / ``tensordot`` / ``vecdot`` | the GEMM (batch dimensions broadcast first; ``vdot``'s operands flattened) |
+| ``matmul`` | ``jnp.outer``, ``jnp.linalg.outer``, ``jnp.dot`` / ``jnp.inner`` with a scalar, ``jnp.linalg.multi_dot`` | no one GEMM: run as written, recorded; a quantizing rule warns |
+| ``dot_general`` | ``lax.ragged_dot``, ``lax.ragged_dot_general`` | a grouped GEMM: run as written, recorded; a quantizing rule warns |
 | ``conv`` | ``jax.lax.conv_general_dilated`` (``nn.Conv``, ``nnx.Conv``) | the im2col GEMM, blocks along (window, channel) |
 | ``attention`` | the QK^T and AV einsums of Flax's attention functions; ``jax.nn.dot_product_attention`` (NNX's attention without dropout) | both GEMMs (the fused call runs JAX's XLA attention with them quantized) |
 
 So linen's and NNX's attention quantize alike. Not intercepted (they run as written,
-and are not listed by :func:`recording`): ``jnp.linalg``, ``jnp.vecdot``,
-``jnp.matvec``, ``jnp.vecmat``; ``einsum`` of three or more operands and
+and are not listed by :func:`recording`): the rest of ``jnp.linalg`` (solvers,
+decompositions), ``jnp.convolve``; ``einsum`` of three or more operands and
 grouped convolutions raise under a quantizing rule (give their module a ``recipe=None``
 rule), as does a fused attention asked for a non-XLA implementation. A function compiled
 with ``jax.jit`` *inside* the model is intercepted as it was first traced (jit caches do
@@ -87,16 +88,17 @@ from lowprec.models.quantization import nnx_front
 from lowprec.models.quantization.context import NUMERICS, OVERWRITE, RNG_STREAM
 from lowprec.models.quantization.interception import (conv_general_dilated,
                                                       dot_general, einsum)
-from lowprec.models.quantization.products import (dot, inner, matmul, outer, tensordot,
-                                                  vdot)
+from lowprec.models.quantization.products import (dot, inner, matmul, matvec, multi_dot,
+                                                  outer, tensordot, vdot, vecdot, vecmat)
 from lowprec.models.quantization.recording import OpRecord, plan, recording, unused_rules
 from lowprec.models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
                                        projections_only)
 
 __all__ = ["NUMERICS", "OPS", "OVERWRITE", "OpRecord", "PROJECTIONS", "RNG_STREAM", "Rule",
            "conv_general_dilated", "dot", "dot_general", "einsum", "inner", "matmul",
-           "outer", "plan", "projections_only", "quantize_model", "recording",
-           "telemetry_scalars", "tensordot", "unused_rules", "vdot"]
+           "matvec", "multi_dot", "outer", "plan", "projections_only", "quantize_model",
+           "recording", "telemetry_scalars", "tensordot", "unused_rules", "vdot", "vecdot",
+           "vecmat"]
 
 
 def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,

@@ -4,14 +4,19 @@ While a quantized model's call is active in a thread, these functions are replac
 (process-wide, counted; the replacements act only in threads with an active
 :class:`Context`, and call the originals elsewhere):
 
-* ``jax.lax.dot_general``  -> :func:`dot_general`  (kind ``dot_general``)
+* ``jax.lax.dot_general``  -> :func:`dot_general`  (kind ``dot_general``), and
+  ``lax.dot`` and ``lax.batch_matmul`` as the dot_general they issue; ``lax.ragged_dot``
+  and ``ragged_dot_general`` (grouped GEMMs) recorded, run as written, and a warning
+  under a quantizing rule
 * ``jax.numpy.einsum``     -> :func:`einsum`       (``einsum``; ``attention`` when issued by
   Flax's attention functions)
 * ``jax.numpy.matmul``, ``jax.numpy.dot`` and the ``@`` operator of JAX arrays and
-  tracers, ``jax.numpy.tensordot``, ``inner`` and ``vdot`` -> :mod:`.products`'
+  tracers, ``jax.numpy.tensordot``, ``inner``, ``vdot``, ``vecdot``, ``matvec``,
+  ``vecmat`` and ``jax.numpy.linalg``'s ``tensordot`` and ``vecdot`` -> :mod:`.products`'
   :func:`matmul`, :func:`dot`, ... (``matmul``: each is one dot_general);
-  ``jax.numpy.outer`` and products with a scalar have no contraction: recorded, run as
-  written, and a warning under a quantizing rule
+  ``jax.numpy.outer``, ``linalg.outer`` and products with a scalar have no contraction,
+  ``linalg.multi_dot`` is a chain: recorded, run as written, and a warning under a
+  quantizing rule
 * ``jax.lax.conv_general_dilated`` -> :func:`conv_general_dilated` (``conv``)
 * ``jax.nn.dot_product_attention`` -> :func:`dot_product_attention` (``attention``): under
   a quantizing rule it runs JAX's own XLA attention with its two einsums quantized.
@@ -45,16 +50,16 @@ from lowprec.numerics import qdot
 from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import recording
 from lowprec.models.quantization.context import Context, active
-from lowprec.models.quantization.products import (JNP_DOT, JNP_INNER, JNP_MATMUL,
-                                                   JNP_OUTER, JNP_TENSORDOT, JNP_VDOT,
-                                                   _intercepted_dot, _intercepted_inner,
-                                                   _intercepted_matmul, _intercepted_outer,
-                                                   _intercepted_tensordot,
-                                                   _intercepted_vdot)
+from lowprec.models.quantization import products
+from lowprec.models.quantization.products import JNP_MATMUL, _intercepted_matmul
 
 # The functions the model would have called (captured before any interception; the
 # jnp products' originals are captured in .products).
 LAX_DOT_GENERAL = lax.dot_general
+LAX_DOT = lax.dot
+LAX_BATCH_MATMUL = lax.batch_matmul
+LAX_RAGGED_DOT = lax.ragged_dot
+LAX_RAGGED_DOT_GENERAL = lax.ragged_dot_general
 JNP_EINSUM = jnp.einsum
 LAX_CONV = lax.conv_general_dilated
 FUSED_ATTENTION = jax.nn.dot_product_attention
@@ -73,25 +78,25 @@ _patch_count = 0
 def _install(intercepting: bool) -> None:
   if intercepting:
     jax.lax.dot_general = _intercepted_dot_general
+    jax.lax.dot = _intercepted_lax_dot
+    jax.lax.batch_matmul = _intercepted_batch_matmul
+    jax.lax.ragged_dot = _intercepted_ragged_dot
+    jax.lax.ragged_dot_general = _intercepted_ragged_dot_general
     jax.numpy.einsum = _intercepted_einsum
-    jax.numpy.matmul = _intercepted_matmul
-    jax.numpy.dot = _intercepted_dot
-    jax.numpy.tensordot = _intercepted_tensordot
-    jax.numpy.inner = _intercepted_inner
-    jax.numpy.vdot = _intercepted_vdot
-    jax.numpy.outer = _intercepted_outer
+    for name, module, _, interceptor in products.INSTALLED:
+      setattr(module, name, interceptor)
     tensor_contractions.matmul = _intercepted_matmul  # the @ operator
     jax.lax.conv_general_dilated = _intercepted_conv
     jax.nn.dot_product_attention = _intercepted_attention
   else:
     jax.lax.dot_general = LAX_DOT_GENERAL
+    jax.lax.dot = LAX_DOT
+    jax.lax.batch_matmul = LAX_BATCH_MATMUL
+    jax.lax.ragged_dot = LAX_RAGGED_DOT
+    jax.lax.ragged_dot_general = LAX_RAGGED_DOT_GENERAL
     jax.numpy.einsum = JNP_EINSUM
-    jax.numpy.matmul = JNP_MATMUL
-    jax.numpy.dot = JNP_DOT
-    jax.numpy.tensordot = JNP_TENSORDOT
-    jax.numpy.inner = JNP_INNER
-    jax.numpy.vdot = JNP_VDOT
-    jax.numpy.outer = JNP_OUTER
+    for name, module, original, _ in products.INSTALLED:
+      setattr(module, name, original)
     tensor_contractions.matmul = JNP_MATMUL
     jax.lax.conv_general_dilated = LAX_CONV
     jax.nn.dot_product_attention = FUSED_ATTENTION
@@ -153,6 +158,50 @@ def _intercepted_dot_general(lhs, rhs, dimension_numbers, precision=None,
                              preferred_element_type=None, **kwargs):
   return dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                      **kwargs)
+
+
+def _intercepted_lax_dot(lhs, rhs, *, dimension_numbers=None, precision=None,
+                         preferred_element_type=None, out_sharding=None):
+  """``lax.dot``: the dot_general it issues, intercepted as one (kind ``dot_general``)."""
+  dn = dimension_numbers
+  if (dn is None and 1 <= jnp.ndim(lhs) <= 2 and 1 <= jnp.ndim(rhs) <= 2
+      and jnp.shape(lhs)[-1] == jnp.shape(rhs)[0]):
+    dn = (((jnp.ndim(lhs) - 1,), (0,)), ((), ()))
+  if dn is None:
+    return LAX_DOT(lhs, rhs, dimension_numbers=dimension_numbers, precision=precision,
+                   preferred_element_type=preferred_element_type,
+                   out_sharding=out_sharding)  # its own error
+  return dot_general(lhs, rhs, dn, precision, preferred_element_type,
+                     out_sharding=out_sharding)
+
+
+def _intercepted_batch_matmul(lhs, rhs, precision=None):
+  """``lax.batch_matmul``: the dot_general it issues, intercepted as one."""
+  n = jnp.ndim(lhs)
+  if min(n, jnp.ndim(rhs)) < 2 or n != jnp.ndim(rhs):
+    return LAX_BATCH_MATMUL(lhs, rhs, precision)  # its own error
+  batch = tuple(range(n - 2))
+  return dot_general(lhs, rhs, (((n - 1,), (n - 2,)), (batch, batch)), precision)
+
+
+def _ragged(op, original, lhs, rhs):
+  ctx = active()
+  if ctx is None or ctx.busy:
+    return original()
+  return context_lib.as_written(op, "dot_general", jnp.shape(lhs), jnp.shape(rhs), original,
+                                f"lax.{op} is a grouped GEMM (one per group of rows), "
+                                f"which quantize_model does not quantize", stacklevel=3)
+
+
+def _intercepted_ragged_dot(lhs, rhs, *args, **kwargs):
+  """``lax.ragged_dot`` (MoE experts): recorded, run as written, and a warning under a
+  quantizing rule."""
+  return _ragged("ragged_dot", lambda: LAX_RAGGED_DOT(lhs, rhs, *args, **kwargs), lhs, rhs)
+
+
+def _intercepted_ragged_dot_general(lhs, rhs, *args, **kwargs):
+  return _ragged("ragged_dot_general",
+                 lambda: LAX_RAGGED_DOT_GENERAL(lhs, rhs, *args, **kwargs), lhs, rhs)
 
 
 # ---------------------------------------------------------------------- einsum

@@ -1,12 +1,15 @@
 """The jnp products a quantized model intercepts: ``@``, ``jnp.matmul``, ``dot``,
-``tensordot``, ``inner``, ``vdot`` (kind ``matmul``) and ``jnp.outer``.
+``tensordot``, ``inner``, ``vdot``, ``vecdot``, ``matvec``, ``vecmat``, their
+``jnp.linalg`` namesakes (kind ``matmul``), ``jnp.outer`` and ``jnp.linalg.multi_dot``.
 
-Each of the first six is one ``dot_general`` as JAX issues it; under a quantizing rule
-it runs as :func:`lowprec.numerics.qdot.quantized_dot_general_with_state` on that
-dot_general's operands and dimension numbers (``@`` broadcasts batch dimensions first;
-``vdot`` flattens, and conjugates a complex ``a``). ``jnp.outer`` and products with a
-scalar have no contraction: they are recorded and run as written, and a rule that asks
-for a recipe warns (:func:`.context.as_written`). :mod:`.interception` installs these.
+Each product is one ``dot_general`` as JAX issues it; under a quantizing rule it runs as
+:func:`lowprec.numerics.qdot.quantized_dot_general_with_state` on that dot_general's
+operands and dimension numbers (batch dimensions broadcast first, as JAX's vectorized
+forms do; ``vdot`` flattens; ``vdot``, ``vecdot`` and ``vecmat`` conjugate a complex
+first operand). ``jnp.outer`` and products with a scalar have no contraction, and
+``multi_dot`` is a chain in an order JAX picks: they are recorded and run as written,
+and a rule that asks for a recipe warns (:func:`.context.as_written`).
+:mod:`.interception` installs these (:data:`INSTALLED`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ JNP_TENSORDOT = jnp.tensordot
 JNP_INNER = jnp.inner
 JNP_VDOT = jnp.vdot
 JNP_OUTER = jnp.outer
+JNP_VECDOT = jnp.vecdot
+JNP_MATVEC = jnp.matvec
+JNP_VECMAT = jnp.vecmat
+LINALG_TENSORDOT = jnp.linalg.tensordot
+LINALG_VECDOT = jnp.linalg.vecdot
+LINALG_OUTER = jnp.linalg.outer
+LINALG_MULTI_DOT = jnp.linalg.multi_dot
 
 
 def _matmul_operands(a, b):
@@ -93,6 +103,58 @@ def _vdot_operands(a, b):
   return a.ravel(), b.ravel(), (((0,), (0,)), ((), ()))
 
 
+def _batched(a, b, core_a: int, core_b: int):
+  """``a`` and ``b`` with their leading (batch) dimensions broadcast together, keeping
+  their last ``core_a`` / ``core_b`` dimensions, and the batch rank; None where they
+  do not broadcast (the original raises its own error)."""
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  if a.ndim < core_a or b.ndim < core_b:
+    return None
+  try:
+    batch = jnp.broadcast_shapes(a.shape[:a.ndim - core_a], b.shape[:b.ndim - core_b])
+  except ValueError:
+    return None
+  a = jnp.broadcast_to(a, batch + a.shape[a.ndim - core_a:])
+  b = jnp.broadcast_to(b, batch + b.shape[b.ndim - core_b:])
+  return a, b, len(batch)
+
+
+def _vecdot_operands(a, b, axis):
+  """``jnp.vecdot(a, b, axis=axis)``: conj(a) . b along ``axis``, batched over the
+  broadcast other dimensions (JAX vectorizes vdot over them)."""
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  if not (-a.ndim <= axis < a.ndim and -b.ndim <= axis < b.ndim
+          and a.shape[axis] == b.shape[axis]):
+    return None
+  if jnp.iscomplexobj(a):
+    a = jnp.conj(a)
+  parts = _batched(jnp.moveaxis(a, axis, -1), jnp.moveaxis(b, axis, -1), 1, 1)
+  if parts is None:
+    return None
+  a, b, n = parts
+  return a, b, (((n,), (n,)), (tuple(range(n)), tuple(range(n))))
+
+
+def _matvec_operands(a, b):
+  """``jnp.matvec(a, b)``: [..., n, m] . [..., m] -> [..., n], batched."""
+  parts = _batched(a, b, 2, 1)
+  if parts is None or parts[0].shape[-1] != parts[1].shape[-1]:
+    return None
+  a, b, n = parts
+  return a, b, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n))))
+
+
+def _vecmat_operands(a, b):
+  """``jnp.vecmat(a, b)``: conj([..., n]) . [..., n, m] -> [..., m], batched."""
+  parts = _batched(a, b, 1, 2)
+  if parts is None or parts[0].shape[-1] != parts[1].shape[-2]:
+    return None
+  a, b, n = parts
+  if jnp.iscomplexobj(a):
+    a = jnp.conj(a)
+  return a, b, (((n,), (n,)), (tuple(range(n)), tuple(range(n))))
+
+
 _SCALAR = "a product with a scalar has no contraction to quantize"
 
 
@@ -120,6 +182,18 @@ def _contraction(op, original, operands, a, b, precision, preferred_element_type
         preferred_element_type=preferred_element_type)
 
   return context_lib.handle(op, "matmul", jnp.shape(a), jnp.shape(b), original, quantized)
+
+
+def _checked(op, original, operands, a, b, precision=None, preferred_element_type=None):
+  """:func:`_contraction` for a product whose ``operands()`` is None only for shapes
+  the original refuses (it then raises its own error)."""
+  if _passes(active()):
+    return original()
+  parts = operands()
+  if parts is None:
+    return original()
+  return _contraction(op, original, lambda: parts, a, b, precision,
+                      preferred_element_type)
 
 
 def matmul(a, b, *, precision=None, preferred_element_type=None, **kwargs):
@@ -173,15 +247,51 @@ def vdot(a, b, *, precision=None, preferred_element_type=None):
                       preferred_element_type)
 
 
+def vecdot(x1, x2, /, *, axis=-1, precision=None, preferred_element_type=None):
+  """``jnp.vecdot`` (and ``jnp.linalg.vecdot``) that a quantized model intercepts
+  (kind ``matmul``): one batched dot_general along ``axis``."""
+  original = lambda: JNP_VECDOT(x1, x2, axis=axis, precision=precision,
+                                preferred_element_type=preferred_element_type)
+  return _checked("vecdot", original, lambda: _vecdot_operands(x1, x2, axis), x1, x2,
+                  precision, preferred_element_type)
+
+
+def matvec(x1, x2, /):
+  """``jnp.matvec`` that a quantized model intercepts (kind ``matmul``)."""
+  return _checked("matvec", lambda: JNP_MATVEC(x1, x2), lambda: _matvec_operands(x1, x2),
+                  x1, x2)
+
+
+def vecmat(x1, x2, /):
+  """``jnp.vecmat`` that a quantized model intercepts (kind ``matmul``)."""
+  return _checked("vecmat", lambda: JNP_VECMAT(x1, x2), lambda: _vecmat_operands(x1, x2),
+                  x1, x2)
+
+
+def _no_gemm(op, original, lhs_shape, rhs_shape, why):
+  if _passes(active()):
+    return original()
+  return context_lib.as_written(op, "matmul", lhs_shape, rhs_shape, original, why,
+                                stacklevel=4)
+
+
 def outer(a, b, out=None):
   """``jnp.outer`` inside a quantized model: no contraction, so no GEMM to quantize;
   recorded (kind ``matmul``), run as written, and a warning under a quantizing rule."""
-  original = lambda: JNP_OUTER(a, b, out)
-  if _passes(active()):
-    return original()
-  return context_lib.as_written("outer", "matmul", jnp.shape(a), jnp.shape(b), original,
-                                "jnp.outer has no contraction to quantize (not a GEMM)",
-                                stacklevel=3)
+  return _no_gemm("outer", lambda: JNP_OUTER(a, b, out), jnp.shape(a), jnp.shape(b),
+                  "jnp.outer has no contraction to quantize (not a GEMM)")
+
+
+def multi_dot(arrays, *, precision=None):
+  """``jnp.linalg.multi_dot`` inside a quantized model: a chain of GEMMs whose order
+  JAX picks (one einsum of all operands), so not one op a rule can quantize; recorded
+  (kind ``matmul``, the first and last operands' shapes), run as written, and a warning
+  under a quantizing rule (write the products out to quantize them)."""
+  shapes = [jnp.shape(x) for x in arrays]
+  return _no_gemm("multi_dot", lambda: LINALG_MULTI_DOT(arrays, precision=precision),
+                  shapes[0] if shapes else (), shapes[-1] if shapes else (),
+                  f"jnp.linalg.multi_dot of {len(shapes)} arrays is a chain of products "
+                  f"in an order JAX picks, not one GEMM (write them as @ to quantize them)")
 
 
 def _intercepted_matmul(a, b, **kwargs):
@@ -206,3 +316,50 @@ def _intercepted_vdot(a, b, **kwargs):
 
 def _intercepted_outer(a, b, out=None):
   return outer(a, b, out)
+
+
+def _intercepted_vecdot(x1, x2, /, **kwargs):
+  return vecdot(x1, x2, **kwargs)
+
+
+def _intercepted_matvec(x1, x2, /):
+  return matvec(x1, x2)
+
+
+def _intercepted_vecmat(x1, x2, /):
+  return vecmat(x1, x2)
+
+
+def _intercepted_linalg_tensordot(x1, x2, /, *, axes=2, **kwargs):
+  return tensordot(x1, x2, axes, **kwargs)
+
+
+def _linalg_outer(x1, x2):
+  return _no_gemm("outer", lambda: LINALG_OUTER(x1, x2), jnp.shape(x1), jnp.shape(x2),
+                  "jnp.linalg.outer has no contraction to quantize (not a GEMM)")
+
+
+def _intercepted_linalg_outer(x1, x2, /):
+  return _linalg_outer(x1, x2)
+
+
+def _intercepted_multi_dot(arrays, **kwargs):
+  return multi_dot(arrays, **kwargs)
+
+
+# (public attribute, module holding it, original, interceptor) of each product above.
+INSTALLED = (
+    ("matmul", jnp, JNP_MATMUL, _intercepted_matmul),
+    ("dot", jnp, JNP_DOT, _intercepted_dot),
+    ("tensordot", jnp, JNP_TENSORDOT, _intercepted_tensordot),
+    ("inner", jnp, JNP_INNER, _intercepted_inner),
+    ("vdot", jnp, JNP_VDOT, _intercepted_vdot),
+    ("outer", jnp, JNP_OUTER, _intercepted_outer),
+    ("vecdot", jnp, JNP_VECDOT, _intercepted_vecdot),
+    ("matvec", jnp, JNP_MATVEC, _intercepted_matvec),
+    ("vecmat", jnp, JNP_VECMAT, _intercepted_vecmat),
+    ("tensordot", jnp.linalg, LINALG_TENSORDOT, _intercepted_linalg_tensordot),
+    ("vecdot", jnp.linalg, LINALG_VECDOT, _intercepted_vecdot),
+    ("outer", jnp.linalg, LINALG_OUTER, _intercepted_linalg_outer),
+    ("multi_dot", jnp.linalg, LINALG_MULTI_DOT, _intercepted_multi_dot),
+)

@@ -15,8 +15,9 @@ from typing import Sequence
 from lowprec.numerics import recipes as recipes_lib
 
 # The op kinds a quantized model intercepts (see the package docstring):
-# lax.dot_general; jnp.einsum; x @ w / jnp.matmul / jnp.dot / jnp.tensordot / jnp.inner /
-# jnp.vdot (jnp.outer is recorded as matmul, never quantized); lax.conv_general_dilated;
+# lax.dot_general (lax.dot, batch_matmul); jnp.einsum; x @ w and the jnp products
+# (models/quantization/products.py; jnp.outer and multi_dot are recorded as matmul, never
+# quantized); lax.conv_general_dilated;
 # the attention products (QK^T and AV) of Flax's attention functions and of
 # jax.nn.dot_product_attention.
 OPS = ("dot_general", "einsum", "matmul", "conv", "attention")

@@ -1,10 +1,13 @@
 """quantize_model as an adopter meets it (issue 51, rows 13 and 14).
 
 Row 13: ``jnp.tensordot``, ``jnp.inner`` and ``jnp.vdot`` ran unquantized without a word
-and ``recording()`` did not list them; each is one dot_general, now quantized (kind
-``matmul``) bit for bit as ``qdot.quantized_dot_general`` on the dimension numbers
-written here by hand. ``jnp.outer`` (and a product with a scalar) has no contraction:
-recorded with its reason, run as written, and a warning under a quantizing rule.
+and ``recording()`` did not list them, nor ``jnp.vecdot``, ``matvec``, ``vecmat``,
+``jnp.linalg.tensordot`` / ``vecdot`` or ``lax.dot`` / ``batch_matmul``; each is one
+dot_general, now quantized bit for bit as ``qdot.quantized_dot_general`` on the
+dimension numbers written here by hand. ``jnp.outer``, ``jnp.linalg.outer`` (and a
+product with a scalar) have no contraction and ``jnp.linalg.multi_dot`` is a chain in an
+order JAX picks: recorded with their reason, run as written, and a warning under a
+quantizing rule.
 
 Row 14: messages named the root module ``<model>``, which no rule matches (its rule path
 is ``""``); the unused-rule hint named ``models.quantization`` (a user's own ``models``
@@ -126,6 +129,81 @@ def test_outer_and_scalar_products_are_recorded_and_warn_under_a_quantizing_rule
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # the rule path the message names keeps them quietly
     models.quantize_model(Outer(), [models.Rule("", None)]).apply(params, x)
+
+
+class MoreProducts(nn.Module):
+  """The other contractions JAX offers: vecdot, matvec, vecmat, jnp.linalg's and lax's."""
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    init = nn.initializers.lecun_normal()
+    w = self.param("w", init, (32, 64))
+    m = self.param("m", init, (4, 64, 32))
+    return {"vecdot": jnp.vecdot(x_BxTxD, x_BxTxD[:1]),
+            "linalg_vecdot": jnp.linalg.vecdot(x_BxTxD, 2.0 * x_BxTxD, axis=0),
+            "matvec": jnp.matvec(m, x_BxTxD),
+            "vecmat": jnp.vecmat(x_BxTxD, w),
+            "linalg_tensordot": jnp.linalg.tensordot(x_BxTxD, w, axes=1),
+            "linalg_matmul": jnp.linalg.matmul(x_BxTxD, w),
+            "lax_dot": jax.lax.dot(x_BxTxD[0], w),
+            "batch_matmul": jax.lax.batch_matmul(x_BxTxD, jnp.broadcast_to(w, (32, 32, 64)))}
+
+
+def _more_by_hand(params, x):
+  p = params["params"]
+  qdg = lambda a, b, dn: qdot.quantized_dot_general(a, b, dn, RECIPE)
+  two = (((2,), (2,)), ((0, 1), (0, 1)))  # contract the last axis, batch the first two
+  xt = jnp.transpose(x, (1, 2, 0))  # axis 0 last: [T, D, B]
+  return {"vecdot": qdg(x, jnp.broadcast_to(x[:1], x.shape), two),
+          "linalg_vecdot": qdg(xt, 2.0 * xt, two),
+          "matvec": qdg(jnp.broadcast_to(p["m"], (32, 4, 64, 32)), x,
+                        (((3,), (2,)), ((0, 1), (0, 1)))),
+          "vecmat": qdg(x, jnp.broadcast_to(p["w"], (32, 4, 32, 64)), two),
+          "linalg_tensordot": qdg(x, p["w"], (((2,), (0,)), NO_BATCH)),
+          "linalg_matmul": qdg(x, p["w"], (((2,), (0,)), NO_BATCH)),
+          "lax_dot": qdg(x[0], p["w"], (((1,), (0,)), NO_BATCH)),
+          "batch_matmul": qdg(x, jnp.broadcast_to(p["w"], (32, 32, 64)),
+                              (((2,), (1,)), ((0,), (0,))))}
+
+
+def test_vecdot_matvec_vecmat_linalg_and_lax_products_are_quantized_like_qdot_by_hand():
+  x = jax.random.normal(jax.random.key(0), (32, 4, 32))  # MX blocks of 32 along axis 0 too
+  params = MoreProducts().init(jax.random.key(1), x)
+  ours = models.quantize_model(MoreProducts(), [models.Rule(".*", RECIPE)])
+  with quantization.recording() as ops:
+    got = jax.jit(ours.apply)(params, x)
+  assert [(op.op_id, op.kind) for op in ops] == [
+      ("vecdot_0", "matmul"), ("vecdot_1", "matmul"), ("matvec_0", "matmul"),
+      ("vecmat_0", "matmul"), ("tensordot_0", "matmul"), ("matmul_0", "matmul"),
+      ("dot_general_0", "dot_general"), ("dot_general_1", "dot_general")]
+  chex.assert_trees_all_equal(got, jax.jit(_more_by_hand)(params, x))
+  plain = jax.jit(MoreProducts().apply)(params, x)
+  assert not np.array_equal(got["matvec"], plain["matvec"])
+  kept = models.quantize_model(MoreProducts(), [models.Rule(".*", None)])
+  chex.assert_trees_all_equal(jax.jit(kept.apply)(params, x), plain)
+
+
+class Chain(nn.Module):
+
+  def __call__(self, x):
+    experts = jax.lax.ragged_dot(x, jnp.stack([x.T, -x.T]), jnp.array([1, 2]))
+    return (jnp.linalg.outer(x[0], x[1]) + jnp.linalg.multi_dot([x.T, x, x.T, x])
+            + experts.sum())
+
+
+def test_ragged_dot_linalg_outer_and_multi_dot_are_recorded_and_warn_under_a_quantizing_rule():
+  x = jax.random.normal(jax.random.key(0), (3, 32))
+  model = models.quantize_model(Chain(), [models.Rule("", RECIPE)])
+  with quantization.recording() as ops, pytest.warns(UserWarning) as caught:
+    got = model.apply({}, x)
+  chex.assert_trees_all_equal(got, Chain().apply({}, x))
+  assert [(op.op_id, op.kind) for op in ops] == [
+      ("ragged_dot_0", "dot_general"), ("outer_0", "matmul"), ("multi_dot_0", "matmul")]
+  assert "lax.ragged_dot is a grouped GEMM" in str(caught[0].message)
+  assert "jnp.linalg.outer has no contraction" in str(caught[1].message)
+  assert ("jnp.linalg.multi_dot of 4 arrays is a chain of products" in
+          str(caught[2].message))
+  assert {w.filename for w in caught} == {__file__}
 
 
 # ---------------------------------------------------------------------- row 14
