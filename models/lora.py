@@ -111,7 +111,7 @@ class LoRAConfig:
                          "QuantSpec rounding must not be 'stochastic'")
     elif bf not in BASE_FORMATS:
       raise ValueError(f"unknown base_format {bf!r}; use one of {BASE_FORMATS} or a "
-                       f"numerics.quantizer.QuantSpec")
+                       f"lowprec.numerics.quantizer.QuantSpec")
     if bf != "nf4" and (self.nf4_block_size != nf4_lib.BLOCK or not self.double_quant):
       raise ValueError("nf4_block_size and double_quant apply to base_format='nf4' only")
 

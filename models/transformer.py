@@ -309,7 +309,7 @@ def check_cache(cache: kv_quant.KVCache, cfg: TransformerConfig, batch: int,
   """Raises ValueError unless ``cache`` fits a model of ``cfg`` with ``num_layers``
   attention layers and a call of ``batch`` x ``length`` tokens."""
   if not isinstance(cache, kv_quant.KVCache):
-    raise TypeError(f"cache must be a numerics.kv_quant.KVCache, got "
+    raise TypeError(f"cache must be a lowprec.numerics.kv_quant.KVCache, got "
                     f"{type(cache).__name__}")
   if len(cache.keys) != num_layers or len(cache.values) != num_layers:
     raise ValueError(f"the cache has {len(cache.keys)} key and {len(cache.values)} value "

@@ -474,7 +474,8 @@ def dge_factor(recipe: str | recipes_lib.Recipe, w: jax.Array) -> jax.Array:
   (a statistic of the weights)."""
   r = recipes_lib.get(recipe)
   if r.dge_k is None:
-    raise ValueError(f"recipe {r.name!r} has no DGE (see numerics.recipes.with_dge)")
+    raise ValueError(f"recipe {r.name!r} has no DGE (see "
+                     f"lowprec.numerics.recipes.with_dge)")
   w = jnp.asarray(w)
   if w.ndim < 2:
     raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")

@@ -95,8 +95,8 @@ class GemmRecipe:
       raise ValueError(f"hadamard must be a power of two (the RHT size), got {h!r}")
     if self.accumulation is not None and not isinstance(
         self.accumulation, accumulation_lib.Accumulation):
-      raise TypeError(f"accumulation must be a numerics.accumulation.Accumulation, got "
-                      f"{type(self.accumulation).__name__}")
+      raise TypeError(f"accumulation must be a lowprec.numerics.accumulation.Accumulation, "
+                      f"got {type(self.accumulation).__name__}")
 
   @property
   def needs_key(self) -> bool:
@@ -273,8 +273,8 @@ def with_accumulation(recipe: str | Recipe,
   ``accumulation`` (:mod:`numerics.accumulation`), e.g. Hopper FP8's ~14 fraction bits
   promoted to float32 every 128 products (DeepSeek-V3)."""
   if not isinstance(accumulation, accumulation_lib.Accumulation):
-    raise TypeError(f"accumulation must be a numerics.accumulation.Accumulation, got "
-                    f"{type(accumulation).__name__}")
+    raise TypeError(f"accumulation must be a lowprec.numerics.accumulation.Accumulation, "
+                    f"got {type(accumulation).__name__}")
   r = get(recipe)
   gemms = {name: dataclasses.replace(g, accumulation=accumulation)
            for name, g in (("forward", r.forward), ("dgrad", r.dgrad), ("wgrad", r.wgrad))}

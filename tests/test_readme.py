@@ -61,6 +61,13 @@ def test_python_block_runs_on_its_own(index):
     del sys.modules[module.__name__]
 
 
+def test_the_docs_quantize_an_nnx_model_beside_a_linen_one():
+  # Issue 51 row 15: an adopter with an NNX model found only linen examples.
+  runs = [code for _, code in _blocks("python") if "quantize_model(" in code]
+  assert any("from flax import nnx" in code for code in runs)
+  assert any("from flax import linen" in code for code in runs)
+
+
 def test_the_readme_is_a_page_and_links_every_doc():
   with open(os.path.join(REPO_DIR, "README.md")) as f:
     text = f.read()

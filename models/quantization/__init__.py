@@ -1,5 +1,8 @@
 """Quantize a Flax model you did not write: rules on module paths, intercepted contractions.
 
+    from lowprec import models
+    from lowprec.models import quantization
+
     qmodel = models.quantize_model(model, [
         models.Rule("head", "bf16"),     # the first matching rule wins
         models.Rule(".*", "mxfp8"),      # every other contraction in MXFP8
@@ -8,27 +11,30 @@
 
 :func:`quantize_model` returns a copy of a Flax linen or NNX model whose ``__call__``
 (or the ``methods`` named) runs every contraction issued inside a module whose path
-matches a :class:`Rule` through :mod:`numerics.qdot` (or :mod:`numerics.qconv`) with
-that rule's recipe. A module's path is its name path below the quantized model, joined
-by ``/`` (``"block_0/qkv"``; ``""`` for the model itself; NNX: the attribute path, list
-indices included); ``Rule.module_path`` is a regular expression that must match the
-whole path. Ops that no rule matches, and ops whose rule has ``recipe=None``, run
-exactly as the model wrote them. Parameters are untouched: the quantized model's
-variables are the plain model's (plus the collections below).
+matches a :class:`Rule` through :mod:`lowprec.numerics.qdot` (or
+:mod:`lowprec.numerics.qconv`) with that rule's recipe. A module's path is its name path
+below the quantized model, joined by ``/`` (``"block_0/qkv"``; ``""`` for the model
+itself; NNX: the attribute path, list indices included); ``Rule.module_path`` is a
+regular expression that must match the whole path. Ops that no rule matches, and ops
+whose rule has ``recipe=None``, run exactly as the model wrote them. Parameters are
+untouched: the quantized model's variables are the plain model's (plus the collections
+below).
 
 What is intercepted (the op kinds a rule's ``ops`` selects; :mod:`.interception`):
 
 | kind | calls | quantized as |
 |---|---|---|
-| ``dot_general`` | ``jax.lax.dot_general`` (``nn.Dense``, ``nnx.Linear``, ...) | the GEMM |
+| ``dot_general`` | ``jax.lax.dot_general`` (``nn.Dense``, ``nnx.Linear``, ...), ``lax.dot``, ``lax.batch_matmul`` | the GEMM |
 | ``einsum`` | ``jnp.einsum`` with two operands (``nn.Einsum``, ``nnx.Einsum``) | the GEMM |
-| ``matmul`` | ``x @ w``, ``jnp.matmul``, ``jnp.dot`` | the GEMM (batched ``@`` broadcast first) |
+| ``matmul`` | ``x @ w``, ``jnp.matmul``, ``jnp.dot``, ``jnp.tensordot``, ``jnp.inner``, ``jnp.vdot``, ``jnp.vecdot``, ``jnp.matvec``, ``jnp.vecmat``, ``jnp.linalg.matmul`` / ``tensordot`` / ``vecdot`` | the GEMM (batch dimensions broadcast first; ``vdot``'s operands flattened) |
+| ``matmul`` | ``jnp.outer``, ``jnp.linalg.outer``, ``jnp.dot`` / ``jnp.inner`` with a scalar, ``jnp.linalg.multi_dot`` | no one GEMM: run as written, recorded; a quantizing rule warns |
+| ``dot_general`` | ``lax.ragged_dot``, ``lax.ragged_dot_general`` | a grouped GEMM: run as written, recorded; a quantizing rule warns |
 | ``conv`` | ``jax.lax.conv_general_dilated`` (``nn.Conv``, ``nnx.Conv``) | the im2col GEMM, blocks along (window, channel) |
 | ``attention`` | the QK^T and AV einsums of Flax's attention functions; ``jax.nn.dot_product_attention`` (NNX's attention without dropout) | both GEMMs (the fused call runs JAX's XLA attention with them quantized) |
 
 So linen's and NNX's attention quantize alike. Not intercepted (they run as written,
-and are not listed by :func:`recording`): ``jnp.tensordot``, ``jnp.inner``,
-``jnp.vdot``, ``jnp.outer``, ``jnp.linalg``; ``einsum`` of three or more operands and
+and are not listed by :func:`recording`): the rest of ``jnp.linalg`` (solvers,
+decompositions), ``jnp.convolve``; ``einsum`` of three or more operands and
 grouped convolutions raise under a quantizing rule (give their module a ``recipe=None``
 rule), as does a fused attention asked for a non-XLA implementation. A function compiled
 with ``jax.jit`` *inside* the model is intercepted as it was first traced (jit caches do
@@ -44,8 +50,8 @@ Randomness (stochastic rounding, Hadamard transforms): linen ops draw their key 
 ``module.make_rng("quant")`` in the module that issues the op, so pass
 ``rngs={"quant": key}`` to ``init`` and ``apply``; NNX ops draw from the ``quant`` stream
 of the ``rngs`` given to :func:`quantize_model`. A model that passes its own per-matmul
-keys (``models.transformer.DecoderLM``) calls :func:`dot_general` with ``key=``, and that
-key is used instead. ``rng_stream`` renames the stream.
+keys (``lowprec.models.transformer.DecoderLM``) calls :func:`dot_general` with
+``key=``, and that key is used instead. ``rng_stream`` renames the stream.
 
 State and telemetry (linen): a recipe with delayed-scaling operands keeps its amax
 histories in the collection :data:`OVERWRITE` (Flax's ``_overwrite_with_gradient``,
@@ -57,7 +63,13 @@ mutable=["numerics"])``) and, when the :data:`OVERWRITE` collection is different
 returns its backward operands' telemetry in that gradient; :func:`telemetry_scalars`
 flattens both into ``{"numerics/<layer>/<gemm>_<operand>/<stat>": value}``. NNX models
 sow forward telemetry as ``nnx.Intermediate`` values named ``numerics_<op>``; delayed
-scaling needs a linen model (or :func:`numerics.qdot.quantized_dot_general_with_state`).
+scaling needs a linen model (or
+:func:`lowprec.numerics.qdot.quantized_dot_general_with_state`).
+
+Messages and plans name an op's module by the path a rule matches (the quantized model
+itself: ``""``, written ``the root module (rule path "")``, and ``"" (root)`` in
+:func:`plan`), and a rule by its index in ``rules`` (``rules[2] '.*'``, with its ``ops``
+when it has not all of them).
 """
 
 from __future__ import annotations
@@ -74,16 +86,19 @@ from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import linen_front
 from lowprec.models.quantization import nnx_front
 from lowprec.models.quantization.context import NUMERICS, OVERWRITE, RNG_STREAM
-from lowprec.models.quantization.interception import (conv_general_dilated, dot,
-                                                      dot_general, einsum, matmul)
+from lowprec.models.quantization.interception import (conv_general_dilated,
+                                                      dot_general, einsum)
+from lowprec.models.quantization.products import (dot, inner, matmul, matvec, multi_dot,
+                                                  outer, tensordot, vdot, vecdot, vecmat)
 from lowprec.models.quantization.recording import OpRecord, plan, recording, unused_rules
 from lowprec.models.quantization.rules import (OPS, PROJECTIONS, Rule, check_rules,
                                        projections_only)
 
 __all__ = ["NUMERICS", "OPS", "OVERWRITE", "OpRecord", "PROJECTIONS", "RNG_STREAM", "Rule",
-           "conv_general_dilated", "dot", "dot_general", "einsum", "matmul", "plan",
-           "projections_only", "quantize_model", "recording", "telemetry_scalars",
-           "unused_rules"]
+           "conv_general_dilated", "dot", "dot_general", "einsum", "inner", "matmul",
+           "matvec", "multi_dot", "outer", "plan", "projections_only", "quantize_model",
+           "recording", "telemetry_scalars", "tensordot", "unused_rules", "vdot", "vecdot",
+           "vecmat"]
 
 
 def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
@@ -98,7 +113,7 @@ def quantize_model(model: nn.Module | nnx.Module, rules: Sequence[Rule], *,
     rules: :class:`Rule` objects; for each op the first whose ``module_path`` matches
       the issuing module's path and whose ``ops`` include the op's kind decides; ops no
       rule matches are left alone.
-    telemetry: report per-operand numerics telemetry (:mod:`numerics.telemetry`) of
+    telemetry: report per-operand numerics telemetry (:mod:`lowprec.numerics.telemetry`) of
       every quantized op (off by default: nothing extra is traced).
     rng_stream: the rng stream (linen) / ``rngs`` stream (NNX) stochastic recipes draw
       from.

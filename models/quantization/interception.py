@@ -4,11 +4,19 @@ While a quantized model's call is active in a thread, these functions are replac
 (process-wide, counted; the replacements act only in threads with an active
 :class:`Context`, and call the originals elsewhere):
 
-* ``jax.lax.dot_general``  -> :func:`dot_general`  (kind ``dot_general``)
+* ``jax.lax.dot_general``  -> :func:`dot_general`  (kind ``dot_general``), and
+  ``lax.dot`` and ``lax.batch_matmul`` as the dot_general they issue; ``lax.ragged_dot``
+  and ``ragged_dot_general`` (grouped GEMMs) recorded, run as written, and a warning
+  under a quantizing rule
 * ``jax.numpy.einsum``     -> :func:`einsum`       (``einsum``; ``attention`` when issued by
   Flax's attention functions)
 * ``jax.numpy.matmul``, ``jax.numpy.dot`` and the ``@`` operator of JAX arrays and
-  tracers -> :func:`matmul` / :func:`dot`          (``matmul``)
+  tracers, ``jax.numpy.tensordot``, ``inner``, ``vdot``, ``vecdot``, ``matvec``,
+  ``vecmat`` and ``jax.numpy.linalg``'s ``tensordot`` and ``vecdot`` -> :mod:`.products`'
+  :func:`matmul`, :func:`dot`, ... (``matmul``: each is one dot_general);
+  ``jax.numpy.outer``, ``linalg.outer`` and products with a scalar have no contraction,
+  ``linalg.multi_dot`` is a chain: recorded, run as written, and a warning under a
+  quantizing rule
 * ``jax.lax.conv_general_dilated`` -> :func:`conv_general_dilated` (``conv``)
 * ``jax.nn.dot_product_attention`` -> :func:`dot_product_attention` (``attention``): under
   a quantizing rule it runs JAX's own XLA attention with its two einsums quantized.
@@ -16,8 +24,8 @@ While a quantized model's call is active in a thread, these functions are replac
 Each op hands itself to :func:`.context.handle`, which looks up the module that issued
 it (the front ends, :mod:`.linen_front` and :mod:`.nnx_front`, keep the module stack)
 and the first rule matching its path and kind, records what it did (:mod:`.recording`),
-and runs the original or the recipe's quantized op (:mod:`numerics.qdot`,
-:mod:`numerics.qconv`). The library's own contractions inside a quantized op pass
+and runs the original or the recipe's quantized op (:mod:`lowprec.numerics.qdot`,
+:mod:`lowprec.numerics.qconv`). The library's own contractions inside a quantized op pass
 through (``Context.busy``).
 """
 
@@ -42,12 +50,17 @@ from lowprec.numerics import qdot
 from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import recording
 from lowprec.models.quantization.context import Context, active
+from lowprec.models.quantization import products
+from lowprec.models.quantization.products import JNP_MATMUL, _intercepted_matmul
 
-# The functions the model would have called (captured before any interception).
+# The functions the model would have called (captured before any interception; the
+# jnp products' originals are captured in .products).
 LAX_DOT_GENERAL = lax.dot_general
+LAX_DOT = lax.dot
+LAX_BATCH_MATMUL = lax.batch_matmul
+LAX_RAGGED_DOT = lax.ragged_dot
+LAX_RAGGED_DOT_GENERAL = lax.ragged_dot_general
 JNP_EINSUM = jnp.einsum
-JNP_MATMUL = jnp.matmul
-JNP_DOT = jnp.dot
 LAX_CONV = lax.conv_general_dilated
 FUSED_ATTENTION = jax.nn.dot_product_attention
 
@@ -65,17 +78,25 @@ _patch_count = 0
 def _install(intercepting: bool) -> None:
   if intercepting:
     jax.lax.dot_general = _intercepted_dot_general
+    jax.lax.dot = _intercepted_lax_dot
+    jax.lax.batch_matmul = _intercepted_batch_matmul
+    jax.lax.ragged_dot = _intercepted_ragged_dot
+    jax.lax.ragged_dot_general = _intercepted_ragged_dot_general
     jax.numpy.einsum = _intercepted_einsum
-    jax.numpy.matmul = _intercepted_matmul
-    jax.numpy.dot = _intercepted_dot
+    for name, module, _, interceptor in products.INSTALLED:
+      setattr(module, name, interceptor)
     tensor_contractions.matmul = _intercepted_matmul  # the @ operator
     jax.lax.conv_general_dilated = _intercepted_conv
     jax.nn.dot_product_attention = _intercepted_attention
   else:
     jax.lax.dot_general = LAX_DOT_GENERAL
+    jax.lax.dot = LAX_DOT
+    jax.lax.batch_matmul = LAX_BATCH_MATMUL
+    jax.lax.ragged_dot = LAX_RAGGED_DOT
+    jax.lax.ragged_dot_general = LAX_RAGGED_DOT_GENERAL
     jax.numpy.einsum = JNP_EINSUM
-    jax.numpy.matmul = JNP_MATMUL
-    jax.numpy.dot = JNP_DOT
+    for name, module, original, _ in products.INSTALLED:
+      setattr(module, name, original)
     tensor_contractions.matmul = JNP_MATMUL
     jax.lax.conv_general_dilated = LAX_CONV
     jax.nn.dot_product_attention = FUSED_ATTENTION
@@ -114,7 +135,7 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   Outside a quantized model it is ``lax.dot_general`` (``key`` unused). Inside one,
   the op follows its module's rule, and a recipe that draws random numbers uses ``key``
   (when given) instead of the ``quant`` rng stream: models that derive a key per matmul
-  (``models.transformer.DecoderLM``) keep their key scheme under quantization.
+  (``lowprec.models.transformer.DecoderLM``) keep their key scheme under quantization.
   """
   def original():
     return LAX_DOT_GENERAL(lhs, rhs, dimension_numbers, precision=precision,
@@ -137,6 +158,50 @@ def _intercepted_dot_general(lhs, rhs, dimension_numbers, precision=None,
                              preferred_element_type=None, **kwargs):
   return dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                      **kwargs)
+
+
+def _intercepted_lax_dot(lhs, rhs, *, dimension_numbers=None, precision=None,
+                         preferred_element_type=None, out_sharding=None):
+  """``lax.dot``: the dot_general it issues, intercepted as one (kind ``dot_general``)."""
+  dn = dimension_numbers
+  if (dn is None and 1 <= jnp.ndim(lhs) <= 2 and 1 <= jnp.ndim(rhs) <= 2
+      and jnp.shape(lhs)[-1] == jnp.shape(rhs)[0]):
+    dn = (((jnp.ndim(lhs) - 1,), (0,)), ((), ()))
+  if dn is None:
+    return LAX_DOT(lhs, rhs, dimension_numbers=dimension_numbers, precision=precision,
+                   preferred_element_type=preferred_element_type,
+                   out_sharding=out_sharding)  # its own error
+  return dot_general(lhs, rhs, dn, precision, preferred_element_type,
+                     out_sharding=out_sharding)
+
+
+def _intercepted_batch_matmul(lhs, rhs, precision=None):
+  """``lax.batch_matmul``: the dot_general it issues, intercepted as one."""
+  n = jnp.ndim(lhs)
+  if min(n, jnp.ndim(rhs)) < 2 or n != jnp.ndim(rhs):
+    return LAX_BATCH_MATMUL(lhs, rhs, precision)  # its own error
+  batch = tuple(range(n - 2))
+  return dot_general(lhs, rhs, (((n - 1,), (n - 2,)), (batch, batch)), precision)
+
+
+def _ragged(op, original, lhs, rhs):
+  ctx = active()
+  if ctx is None or ctx.busy:
+    return original()
+  return context_lib.as_written(op, "dot_general", jnp.shape(lhs), jnp.shape(rhs), original,
+                                f"lax.{op} is a grouped GEMM (one per group of rows), "
+                                f"which quantize_model does not quantize", stacklevel=3)
+
+
+def _intercepted_ragged_dot(lhs, rhs, *args, **kwargs):
+  """``lax.ragged_dot`` (MoE experts): recorded, run as written, and a warning under a
+  quantizing rule."""
+  return _ragged("ragged_dot", lambda: LAX_RAGGED_DOT(lhs, rhs, *args, **kwargs), lhs, rhs)
+
+
+def _intercepted_ragged_dot_general(lhs, rhs, *args, **kwargs):
+  return _ragged("ragged_dot_general",
+                 lambda: LAX_RAGGED_DOT_GENERAL(lhs, rhs, *args, **kwargs), lhs, rhs)
 
 
 # ---------------------------------------------------------------------- einsum
@@ -186,6 +251,7 @@ def einsum(subscripts, *operands, _dot_general=None, **kwargs):
     return out, telemetry
 
   def check(rule, where):
+    del rule  # the remedy is the same whichever rule asked
     if not isinstance(subscripts, str) or len(operands) != 2:
       raise ValueError(f"{where}: quantize_model quantizes two-operand einsums; this one "
                        f"is {subscripts!r} with {len(operands)} operands: give its module "
@@ -204,76 +270,6 @@ def _intercepted_einsum(subscripts, *operands, **kwargs):
   return einsum(subscripts, *operands, **kwargs)
 
 
-# ---------------------------------------------------------------------- matmul, dot
-
-
-def _matmul_operands(a, b):
-  """(a, b, dimension_numbers) of ``jnp.matmul(a, b)`` as one dot_general, or None
-  for a product with a scalar (no contraction)."""
-  na, nb = jnp.ndim(a), jnp.ndim(b)
-  if na == 0 or nb == 0:
-    return None
-  if nb == 1:
-    return a, b, (((na - 1,), (0,)), ((), ()))
-  if na == 1:
-    return a, b, (((0,), (nb - 2,)), ((), ()))
-  if nb == 2:
-    return a, b, (((na - 1,), (0,)), ((), ()))
-  batch = jnp.broadcast_shapes(jnp.shape(a)[:-2], jnp.shape(b)[:-2])
-  a = jnp.broadcast_to(a, batch + jnp.shape(a)[-2:])
-  b = jnp.broadcast_to(b, batch + jnp.shape(b)[-2:])
-  n = len(batch)
-  return a, b, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n))))
-
-
-def _dot_operands(a, b):
-  """(a, b, dimension_numbers) of ``jnp.dot(a, b)`` as one dot_general, or None."""
-  na, nb = jnp.ndim(a), jnp.ndim(b)
-  if na == 0 or nb == 0:
-    return None
-  return a, b, (((na - 1,), (max(nb - 2, 0),)), ((), ()))
-
-
-def _contraction(op, original_fn, operands_fn, a, b, precision, preferred_element_type,
-                 kwargs):
-  def original():
-    return original_fn(a, b, precision=precision,
-                       preferred_element_type=preferred_element_type, **kwargs)
-
-  ctx = active()
-  parts = None if ctx is None or ctx.busy else operands_fn(a, b)
-  if parts is None:
-    return original()
-  lhs, rhs, dn = parts
-
-  def quantized(recipe, state, key):
-    return qdot.quantized_dot_general_with_state(
-        lhs, rhs, dn, recipe, state, key=key, precision=precision,
-        preferred_element_type=preferred_element_type)
-
-  return context_lib.handle(op, "matmul", jnp.shape(a), jnp.shape(b), original, quantized)
-
-
-def matmul(a, b, *, precision=None, preferred_element_type=None, **kwargs):
-  """``jnp.matmul`` (and ``a @ b``) that a quantized model intercepts (kind ``matmul``)."""
-  return _contraction("matmul", JNP_MATMUL, _matmul_operands, a, b, precision,
-                      preferred_element_type, kwargs)
-
-
-def dot(a, b, *, precision=None, preferred_element_type=None, **kwargs):
-  """``jnp.dot`` that a quantized model intercepts (kind ``matmul``)."""
-  return _contraction("dot", JNP_DOT, _dot_operands, a, b, precision,
-                      preferred_element_type, kwargs)
-
-
-def _intercepted_matmul(a, b, **kwargs):
-  return matmul(a, b, **kwargs)
-
-
-def _intercepted_dot(a, b, **kwargs):
-  return dot(a, b, **kwargs)
-
-
 # ---------------------------------------------------------------------- conv
 
 
@@ -282,7 +278,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
                          feature_group_count=1, batch_group_count=1, precision=None,
                          preferred_element_type=None, **kwargs):
   """``lax.conv_general_dilated`` that a quantized model intercepts (kind ``conv``):
-  under a quantizing rule, :func:`numerics.qconv.quantized_conv_general_dilated`."""
+  under a quantizing rule, :func:`lowprec.numerics.qconv.quantized_conv_general_dilated`."""
   def original():
     return LAX_CONV(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
                     dimension_numbers, feature_group_count, batch_group_count,
@@ -304,8 +300,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     if feature_group_count != 1 or batch_group_count != 1:
       raise ValueError(f"{where}: a grouped convolution (feature_group_count="
                        f"{feature_group_count}, batch_group_count={batch_group_count}) is "
-                       f"not one GEMM and cannot be quantized under rule "
-                       f"{rule.module_path!r}: give its module a rule with recipe=None")
+                       f"not one GEMM and cannot be quantized under {rule}: give its "
+                       f"module a rule with recipe=None")
 
   return context_lib.handle("conv", "conv", jnp.shape(lhs), jnp.shape(rhs), original, quantized,
                  check=check)
@@ -344,13 +340,14 @@ def dot_product_attention(query, key, value, *args, **kwargs):
       ctx.config.caught.add(id(rule))
     recording.record(recording.OpRecord(path, op_id, rule, tuple(jnp.shape(query)),
                                         tuple(jnp.shape(key)), "attention",
-                                        context_lib.reason(rule)))
+                                        context_lib.reason(ctx.config, rule)))
     with context_lib.passthrough(ctx):
       return FUSED_ATTENTION(query, key, value, *args, **kwargs)
   if kwargs.get("implementation") not in (None, "xla"):
-    raise ValueError(f"{path or '<model>'}: jax.nn.dot_product_attention(implementation="
-                     f"{kwargs['implementation']!r}) cannot be quantized under rule "
-                     f"{rule.module_path!r}: give its module a rule with recipe=None")
+    raise ValueError(f"{context_lib.where(path)}: jax.nn.dot_product_attention("
+                     f"implementation={kwargs['implementation']!r}) cannot be quantized "
+                     f"under {context_lib.describe(ctx.config, rule)}: give its module a "
+                     f"rule with recipe=None")
   kwargs = dict(kwargs, implementation="xla")
   attention, ctx.attention = ctx.attention, True
   # JAX's XLA attention, its einsums quantized for this call and its heads expanded

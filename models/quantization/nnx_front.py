@@ -12,6 +12,7 @@ from flax import nnx
 
 from lowprec.models.quantization import context as context_lib
 from lowprec.models.quantization import interception
+from lowprec.models.quantization import products
 
 _TRACKED: dict[type, type] = {}
 # (the function a layer may hold, its intercepting replacement)
@@ -19,9 +20,8 @@ _REPLACEMENTS = tuple(
     (getattr(interception, original), getattr(interception, replacement))
     for original, replacement in (("LAX_DOT_GENERAL", "_intercepted_dot_general"),
                                   ("JNP_EINSUM", "_intercepted_einsum"),
-                                  ("LAX_CONV", "_intercepted_conv"),
-                                  ("JNP_MATMUL", "_intercepted_matmul"),
-                                  ("JNP_DOT", "_intercepted_dot")))
+                                  ("LAX_CONV", "_intercepted_conv"))) + tuple(
+    (original, replacement) for _, _, original, replacement in products.INSTALLED)
 
 
 def _has_call(cls: type) -> bool:

@@ -13,6 +13,8 @@ from typing import Iterator, NamedTuple, Sequence
 
 from lowprec.models.quantization.rules import Rule, check_rules
 
+ROOT = '"" (root)'  # the quantized model's own path in a plan
+
 
 class OpRecord(NamedTuple):
   """One intercepted op.
@@ -20,7 +22,8 @@ class OpRecord(NamedTuple):
   ``path``: the issuing module's path; ``op_id``: the op's name in that module
   (``dot_general_0``, ``einsum_1``, ``conv_0``, ...; the key of its state and
   telemetry); ``rule``: the rule that decided it (None: no rule matched); ``kind``:
-  its :data:`models.quantization.rules.OPS` kind; ``reason``: how it ran, in words.
+  its :data:`lowprec.models.quantization.rules.OPS` kind; ``reason``: how it ran, in
+  words (the rule named by its index in ``quantize_model``'s ``rules``: ``rules[2]``).
   """
 
   path: str
@@ -67,9 +70,11 @@ def unused_rules(rules: Sequence[Rule], records: Sequence[OpRecord]) -> tuple[Ru
 
 
 def plan(records: Sequence[OpRecord]) -> str:
-  """A markdown table of ``records``: path | op | kind | operands | how it ran."""
+  """A markdown table of ``records``: path | op | kind | operands | how it ran. The
+  quantized model itself is ``"" (root)``: its path, which a rule for it matches."""
   lines = ["| module | op | kind | lhs x rhs | how it ran |", "|---|---|---|---|---|"]
   for r in records:
-    lines.append(f"| {r.path or '<model>'} | {r.op_id} | {r.kind} | "
-                 f"{r.lhs_shape} x {r.rhs_shape} | {r.reason} |")
+    cells = (r.path or ROOT, r.op_id, r.kind, f"{r.lhs_shape} x {r.rhs_shape}", r.reason)
+    # A path regex's alternatives ("head|lm_head") would split a markdown cell.
+    lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
   return "\n".join(lines)

@@ -15,7 +15,9 @@ from typing import Sequence
 from lowprec.numerics import recipes as recipes_lib
 
 # The op kinds a quantized model intercepts (see the package docstring):
-# lax.dot_general; jnp.einsum; x @ w / jnp.matmul / jnp.dot; lax.conv_general_dilated;
+# lax.dot_general (lax.dot, batch_matmul); jnp.einsum; x @ w and the jnp products
+# (models/quantization/products.py; jnp.outer and multi_dot are recorded as matmul, never
+# quantized); lax.conv_general_dilated;
 # the attention products (QK^T and AV) of Flax's attention functions and of
 # jax.nn.dot_product_attention.
 OPS = ("dot_general", "einsum", "matmul", "conv", "attention")
@@ -29,8 +31,8 @@ class Rule:
   Attributes:
     module_path: a regular expression matched against the whole ``/``-joined module
       path (``""`` is the quantized model itself): ``"head"``, ``"block_\\d+/.*"``.
-    recipe: a :mod:`numerics.recipes` name or Recipe; ``None`` keeps the matched ops as
-      the model wrote them (for "this layer stays in high precision" overrides).
+    recipe: a :mod:`lowprec.numerics.recipes` name or Recipe; ``None`` keeps the matched
+      ops as the model wrote them (for "this layer stays in high precision" overrides).
     ops: the op kinds the rule applies to, a subset of :data:`OPS` (default: all).
     required: whether a rule that matches no op is reported (``quantize_model``'s
       ``unused_rules``); False for rules a preset or a rule list for a family of models
@@ -73,7 +75,7 @@ def check_rules(rules: Sequence[Rule] | Rule) -> tuple[Rule, ...]:
   rules = tuple(rules)
   for r in rules:
     if not isinstance(r, Rule):
-      raise TypeError(f"rules must be models.Rule objects, got {type(r).__name__}")
+      raise TypeError(f"rules must be lowprec.models.Rule objects, got {type(r).__name__}")
   return rules
 
 

@@ -90,7 +90,7 @@ class ExportSpec:
         f = formats_lib.get(target)
       except ValueError as e:
         raise ValueError(f"{e} (for block formats such as MX or nvfp4 pass a "
-                         f"numerics.quantizer.QuantSpec)") from None
+                         f"lowprec.numerics.quantizer.QuantSpec)") from None
       if f.kind == "scale":
         raise ValueError(f"{f.name} is a scale format (unsigned, no zero) and cannot "
                          f"hold weights")

@@ -259,5 +259,5 @@ def normalize_axis(axis: int, ndim: int) -> int:
   axis %= ndim
   if axis not in (ndim - 1, ndim - 2):
     raise ValueError(f"the kernels block the last or second-to-last axis, got axis "
-                     f"{axis} of a {ndim}-d array; use numerics.quantize_mx")
+                     f"{axis} of a {ndim}-d array; use lowprec.numerics.quantize_mx")
   return axis

@@ -200,7 +200,7 @@ def _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level
       raise ValueError(f"grpo_loss: give the correction as correction= or as {given}, "
                        f"not both")
     if not isinstance(correction, importance.Correction):
-      raise TypeError(f"grpo_loss: correction must be a numerics.rl.importance "
+      raise TypeError(f"grpo_loss: correction must be a lowprec.numerics.rl.importance "
                       f"correction ({', '.join(importance.CORRECTION_NAMES)}), got "
                       f"{correction!r}")
     return correction

@@ -121,7 +121,7 @@ def test_linen_every_contraction_is_recorded_with_its_kind(vit_params):
   assert kinds[("mlp", "matmul_0")] == "matmul" and kinds[("mlp", "dot_0")] == "matmul"
   assert kinds[("mix", "einsum_0")] == "einsum"
   assert kinds[("attn", "einsum_0")] == kinds[("attn", "einsum_1")] == "attention"
-  assert all("rule '.*' keeps it" in op.reason for op in ops)
+  assert all(op.reason == "as written: rules[0] '.*' keeps it" for op in ops)
   assert "| patch | conv_0 | conv |" in quantization.plan(ops)
 
 
@@ -133,7 +133,7 @@ def test_linen_mxfp8_equals_qdot_and_qconv_injected_by_hand(vit_params):
                                         recipe=RECIPE))
   with quantization.recording() as ops:
     got = _loss_and_grads(ours, vit_params, img)
-  assert all(op.reason == f"{RECIPE}: rule '.*'" for op in ops) and len(ops) == 11
+  assert all(op.reason == f"{RECIPE}: rules[0] '.*'" for op in ops) and len(ops) == 11
   chex.assert_trees_all_equal(got, _loss_and_grads(by_hand, vit_params, img))
   # and it is not the plain model
   assert not np.array_equal(got[0], _loss_and_grads(ViT(), vit_params, img)[0])
@@ -147,7 +147,7 @@ def test_projections_only_keeps_attention_products_and_head_in_bf16(vit_params):
   by_op = {(op.path, op.op_id): op for op in ops}
   assert by_op[("head", "dot_general_0")].rule is rules[0]
   assert by_op[("attn", "einsum_0")].rule is rules[1]
-  assert by_op[("attn", "einsum_1")].reason == "bf16: rule '.*'"
+  assert by_op[("attn", "einsum_1")].reason == "bf16: rules[1] '.*' (ops: attention)"
   assert {op.rule.recipe_name for op in ops
           if op.path not in ("head", "attn")} == {RECIPE}
   assert by_op[("attn/query", "dot_general_0")].rule is rules[2]
