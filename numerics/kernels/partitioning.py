@@ -163,6 +163,8 @@ def call(kernel: Callable[..., Sequence[jax.Array]], operands: Sequence[jax.Arra
   explicit = any(t == AxisType.Explicit for t in mesh.axis_types)
   if explicit:  # shard_map takes explicit operands only in its own layout
     operands = [jax.sharding.reshard(x, s) for x, s in zip(operands, in_specs)]
-  results = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs,
-                          out_specs=out_specs)(*operands)
+  # check_vma=False: Pallas' interpreter (interpret mode) cannot run under vma checks;
+  # the shard's offset is first_index, not the seeds' varying axes.
+  results = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                          check_vma=False)(*operands)
   return list(results)
