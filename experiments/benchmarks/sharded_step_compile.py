@@ -1,6 +1,6 @@
 """Compiles a sharded training step of the LM for 4 TPU chips or 4 GPUs, without a device.
 
-    python -m experiments.benchmarks.sharded_step_compile                      # the product
+    python -m experiments.benchmarks.sharded_step_compile        # the product
     python -m experiments.benchmarks.sharded_step_compile --recipes=mxfp8 \\
         --topologies=v5e:2x2 --layouts=data
 
@@ -167,6 +167,15 @@ def main(argv: Sequence[str]) -> int:
     with open(f.json, "w") as out:
       json.dump(results, out)
     return 0
+  from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
+  for name, given, known in (("--topologies", f.topologies, TOPOLOGIES),
+                             ("--layouts", f.layouts, LAYOUTS),
+                             ("--recipes", f.recipes, recipe_flag.available_recipes())):
+    unknown = [v for v in given if v not in known]
+    if unknown or not given:
+      what = f"unknown {', '.join(unknown)}" if unknown else "none given"
+      print(f"error: {name}: {what}; known: {', '.join(known)}", file=sys.stderr)
+      return 2
   cases = [(r, t, l) for t in f.topologies for l in f.layouts for r in f.recipes]
   results = run_child(cases, toolchain=f.toolchain)
   print("| recipe | topology | layout | compiles | kernel calls | seconds |")

@@ -11,7 +11,9 @@ that are never stored, so no valid block sees them.
 
 Stochastic rounding draws the counter-hash word of :mod:`numerics.random_bits` at the
 element's global row-major index (``row * C + col``), so every tiling, and the jnp
-reference, see the same bits.
+reference, see the same bits. In a program on several devices the call runs once per
+shard (:mod:`numerics.kernels.partitioning`); each shard draws the words of its
+elements' indices in the whole array, so the bits are the unsharded ones.
 
 Tiles (``tile=None``), chosen per backend:
 
@@ -169,7 +171,8 @@ def _tiled_call(body, seeds, scalars, x, *, whole_shape, axis, block, outputs, v
       shape, (row_dim, col_dim) = ((tc, tr), (1, 0)) if transpose else ((tr, tc), (0, 1))
       rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, shape, row_dim)
       cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, shape, col_dim)
-      index = rows.astype(jnp.uint32) * np.uint32(whole_shape[1]) + cols.astype(jnp.uint32)
+      index = (rows.astype(jnp.uint32) * np.uint32(whole_shape[1])
+               + cols.astype(jnp.uint32))
       return random_bits_lib.hash_words(index, seed_ref[0], seed_ref[1])
     x_tile = x_ref[...].astype(jnp.float32)
     if transpose:

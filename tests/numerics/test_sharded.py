@@ -423,6 +423,25 @@ def test_kernels_under_jit_on_a_mesh_equal_unsharded():
 
 
 @needs_4
+def test_quantized_dot_with_kernels_under_jit_on_a_mesh_equals_unsharded():
+  """The training path on the kernels (interpret mode), batch split over a 2 x 2 mesh:
+  the mxfp8 dot's output and dx equal the unsharded ones bit for bit; dw (a float32
+  GEMM over the batch, which XLA splits across the shards and sums) and the loss differ
+  by float32 reassociation only."""
+  x, w = _operands()
+  f = jax.jit(jax.value_and_grad(lambda x, w: _loss(x, w, "mxfp8"), argnums=(0, 1),
+                                 has_aux=True))
+  with kernels.implementation("interpret"):
+    (loss, out), (dx, dw) = f(x, w)
+    (loss_s, out_s), (dx_s, dw_s) = f(
+        jax.device_put(x, jax.NamedSharding(_mesh_2x2(), P(("a", "b")))), w)
+  _equal_bits(out_s, out)
+  _equal_bits(dx_s, dx)
+  np.testing.assert_allclose(dw_s, dw, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(dw))))
+  np.testing.assert_allclose(loss_s, loss, rtol=1e-6)
+
+
+@needs_4
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_kernels_lower_under_jit_on_a_mesh(platform):
   """Issue 53 item 6, reproduced without a device: before the fix a Mosaic kernel in a
@@ -442,6 +461,22 @@ def test_kernels_lower_under_jit_on_a_mesh(platform):
       text = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w).lower(
           lowering_platforms=(platform,)).as_text()
       assert ("tpu_custom_call" if platform == "tpu" else "triton") in text
+
+
+@needs_4
+def test_kernel_lowers_for_tpu_where_the_mesh_comes_from_the_context_or_a_constraint():
+  """The trace sees the mesh also through ``jax.set_mesh`` with ``in_shardings`` and
+  through a sharding constraint on the operand (docs/kernels.md: where it sees none,
+  the Mosaic call cannot be partitioned)."""
+  mesh = _mesh_2x2()
+  f = lambda v: kernels.mx_quantize_dequantize(v, "e4m3", use_kernel=True)
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+  constrained = lambda v: f(jax.lax.with_sharding_constraint(
+      v, jax.NamedSharding(mesh, P("a"))) * 2)
+  with kernels.implementation("pallas"):
+    with jax.set_mesh(mesh):
+      jax.jit(f, in_shardings=P("a")).trace(x).lower(lowering_platforms=("tpu",))
+    jax.jit(constrained).trace(x).lower(lowering_platforms=("tpu",))
 
 
 @needs_4
