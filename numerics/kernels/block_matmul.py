@@ -45,6 +45,7 @@ from lowprec.numerics import blockscale
 from lowprec.numerics.blockscale import MX_BLOCK
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import partitioning
 
 _U = np.uint32
 _GPU_TILE = (128, 128, 64)
@@ -227,10 +228,23 @@ def _mx_matmul(qa, qb, *, tiles, impl, interpret_as):
                    preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
 
   def kernel_fn(variant, interpret, qa, qb):
-    t = tiles or default_tiles(variant, m, n, k)
-    return _kernel_call(variant, interpret, check_tiles(variant, m, n, k, t), qa.codes,
-                        qa.scales, qb.codes, qb.scales, fa=formats_lib.get(qa.fmt),
-                        fb=formats_lib.get(qb.fmt))
+    if tiles is not None:
+      check_tiles(variant, m, n, k, tiles)
+    fa, fb = formats_lib.get(qa.fmt), formats_lib.get(qb.fmt)
+
+    def run(first_index, a_codes, a_scales, b_codes, b_scales):
+      del first_index  # no random words
+      ml, nl = a_codes.shape[0], b_codes.shape[1]  # this shard's (or the whole) M, N
+      t = check_tiles(variant, ml, nl, k, tiles or default_tiles(variant, ml, nl, k))
+      return [_kernel_call(variant, interpret, t, a_codes, a_scales, b_codes, b_scales,
+                           fa=fa, fb=fb)]
+
+    # Split along M and N only: every output element sums its K steps in one order.
+    (out,) = partitioning.call(
+        run, (qa.codes, qa.scales, qb.codes, qb.scales),
+        dims=(("m", "k"), ("m", "ks"), ("k", "n"), ("ks", "n")), result_dims=(("m", "n"),),
+        prefer=("m", "n"), whole=("k", "ks"))
+    return out
 
   return dispatch.run(impl, jnp_fn, kernel_fn, qa, qb, interpret_as=interpret_as)
 

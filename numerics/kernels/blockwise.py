@@ -11,7 +11,9 @@ that are never stored, so no valid block sees them.
 
 Stochastic rounding draws the counter-hash word of :mod:`numerics.random_bits` at the
 element's global row-major index (``row * C + col``), so every tiling, and the jnp
-reference, see the same bits.
+reference, see the same bits. In a program on several devices the call runs once per
+shard (:mod:`numerics.kernels.partitioning`); each shard draws the words of its
+elements' indices in the whole array, so the bits are the unsharded ones.
 
 Tiles (``tile=None``), chosen per backend:
 
@@ -47,6 +49,7 @@ import numpy as np
 
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics.kernels import dispatch
+from lowprec.numerics.kernels import partitioning
 
 FULL, BLOCKS = "full", "blocks"
 _GPU_TILES = {1: (16, 256), 0: (32, 128)}
@@ -124,7 +127,34 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
     tile: explicit ``(tr, tc)``; default :func:`default_tile`.
   """
   r, c = x.shape
+  if tile is not None:
+    check_tile(variant, axis, block, tile)
+  transpose = transposes(variant, axis)
+
+  def run(first_index, seeds, scalars, x):
+    # A shard's words are the whole array's: its first element's index moves the
+    # seed, and rows step by the whole array's row length ``c``.
+    seeds = seeds.astype(jnp.uint32) + jnp.stack([first_index, jnp.uint32(0)])
+    return _tiled_call(body, seeds, scalars.astype(jnp.float32), x, whole_shape=(r, c),
+                       axis=axis, block=block, outputs=outputs, variant=variant,
+                       interpret=interpret, tile=tile, name=name)
+
+  rows, cols = ("r", ("c", block)) if axis == 1 else (("r", block), "c")
+  block_dims = ("c", "r") if transpose else ("r", "c")
+  results = partitioning.call(
+      run, (seeds, scalars, x), dims=(("s",), ("t",), (rows, cols)),
+      result_dims=[(rows, cols) if kind == FULL else block_dims for kind, _ in outputs],
+      prefer=("r", "c"), whole=("s", "t"), indexed=2)
+  return [res.T if transpose and kind == BLOCKS else res
+          for res, (kind, _) in zip(results, outputs, strict=True)]
+
+
+def _tiled_call(body, seeds, scalars, x, *, whole_shape, axis, block, outputs, variant,
+                interpret, tile, name):
+  """The ``pallas_call`` over the tiles of ``x``: the whole array of ``whole_shape`` or
+  one shard of it; the words hash ``row * whole_shape[1] + col`` plus the seed."""
   seeds, scalars, x = _vary_together(seeds, scalars, x)
+  r, c = x.shape
   out_type = dict(manual_axis_type=jax.typeof(x).manual_axis_type)
   if tile is None:
     tr, tc = default_tile(variant, (r, c), axis, block)
@@ -135,13 +165,14 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
 
   def kernel(seed_ref, scal_ref, x_ref, *out_refs):
     def words():
-      if r * c >= 2 ** 32:
+      if whole_shape[0] * whole_shape[1] >= 2 ** 32:
         raise ValueError(f"the hash generator indexes at most 2^32 elements, got "
-                         f"{x.shape}")
+                         f"{whole_shape}")
       shape, (row_dim, col_dim) = ((tc, tr), (1, 0)) if transpose else ((tr, tc), (0, 1))
       rows = pl.program_id(0) * tr + lax.broadcasted_iota(jnp.int32, shape, row_dim)
       cols = pl.program_id(1) * tc + lax.broadcasted_iota(jnp.int32, shape, col_dim)
-      index = rows.astype(jnp.uint32) * np.uint32(c) + cols.astype(jnp.uint32)
+      index = (rows.astype(jnp.uint32) * np.uint32(whole_shape[1])
+               + cols.astype(jnp.uint32))
       return random_bits_lib.hash_words(index, seed_ref[0], seed_ref[1])
     x_tile = x_ref[...].astype(jnp.float32)
     if transpose:
@@ -154,7 +185,7 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
       ref[...] = value
 
   tile_spec = pl.BlockSpec((tr, tc), lambda i, j: (i, j))
-  if transpose:  # per-block outputs stored as (C/block, R), transposed below
+  if transpose:  # per-block outputs stored as (C/block, R), transposed by the caller
     block_spec = pl.BlockSpec((tc // block, tr), lambda i, j: (j, i))
     block_shape = (c // block, r)
   elif axis == 1:
@@ -173,7 +204,7 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
       out_shapes.append(jax.ShapeDtypeStruct(block_shape, dtype, **out_type))
     else:
       raise ValueError(f"unknown output kind {kind!r}")
-  results = pl.pallas_call(
+  return pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[_scalar_spec(variant), _scalar_spec(variant), tile_spec],
@@ -182,9 +213,7 @@ def blockwise_call(body: Body, x: jax.Array, *, axis: int, block: int,
       compiler_params=None if interpret else _compiler_params(variant),
       interpret=interpret,
       name=name,
-  )(seeds.astype(jnp.uint32), scalars.astype(jnp.float32), x)
-  return [res.T if transpose and kind == BLOCKS else res
-          for res, (kind, _) in zip(results, outputs, strict=True)]
+  )(seeds, scalars, x)
 
 
 def _vary_together(*arrays: jax.Array) -> list[jax.Array]:

@@ -98,3 +98,10 @@ print("ok")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, check=True)
   assert out.stdout.strip() == "ok"
+
+
+def test_sharded_step_compile_refuses_an_unknown_topology_in_one_line():
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.sharded_step_compile",
+                         "--topologies=v4:2x2"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip() == "error: --topologies: unknown v4:2x2; known: v5e:2x2, h200x4"

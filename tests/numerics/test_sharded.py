@@ -368,3 +368,128 @@ def test_delayed_scaling_state_inside_shard_map_is_the_whole_operands():
   with pytest.raises(ValueError, match="quantized_dot_general_with_state: the backward "
                                        "telemetry .* per shard"):
     jax.jit(jax.grad(sharded, argnums=2))(x, w, telemetry)
+
+
+# ------------------------------------------- kernels under jit on a mesh (issue 53 #6)
+
+
+def _mesh_2x2():
+  return jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _kernel_calls(key, **mode):
+  sr = dict(rounding="stochastic", key=key, **mode)
+  return {
+      "mx_quantize": lambda v: kernels.mx_quantize(v, "e2m1", **sr),
+      "mx_qdq -2": lambda v: kernels.mx_quantize_dequantize(v, "e4m3", axis=-2, **sr),
+      "nvfp4_quantize": lambda v: kernels.nvfp4_quantize(v, **sr),
+      "nvfp4_blocks -2": lambda v: kernels.nvfp4_quantize_dequantize_blocks(v, axis=-2,
+                                                                           **sr),
+  }
+
+
+@needs_4
+def test_kernels_under_jit_on_a_mesh_equal_unsharded():
+  """Issue 53 item 6: under jit with sharded operands every kernel runs per shard
+  (numerics.kernels.partitioning), and its bits -- stochastic rounding's words
+  included -- are those of the whole array on one device. The shapes make the kernel
+  split rows over one mesh axis and columns over the other (6 rows do not split 4
+  ways; 64 rows are 2 blocks of 32 down the rows), the operand arrives split another
+  way (resharded), with the GPU kernels' tiling and the TPU kernel's transposed tiles;
+  the matmul gathers a split contraction."""
+  mesh = _mesh_2x2()
+  rows = jax.random.normal(jax.random.key(1), (2, 3, 128)) * 3   # blocks along rows
+  cols = jax.random.normal(jax.random.key(2), (64, 96)) * 3      # blocks down columns
+  calls = _kernel_calls(KEY, interpret=True)
+  cases = [("mx_quantize", calls["mx_quantize"], rows, "u8[1,3,64]"),
+           ("mx_quantize tpu", lambda v: kernels.mx_quantize(
+               v, "e4m3", interpret=True, interpret_as="tpu"), rows, "u8[1,3,64]"),
+           ("mx_qdq -2", calls["mx_qdq -2"], cols, "f32[32,48]"),
+           ("nvfp4_blocks -2", calls["nvfp4_blocks -2"], cols, "f32[16,96]")]
+  for name, f, x, shard in cases:
+    xs = jax.device_put(x, jax.NamedSharding(mesh, P("b")))
+    compiled = jax.jit(f).lower(xs).compile()
+    assert shard in compiled.as_text(), name  # the kernel ran on this shard's shape
+    chex.assert_trees_all_equal(compiled(xs), jax.jit(f)(x), custom_message=name)
+  qa = kernels.mx_quantize(cols[:, :64], "e4m3")
+  qt = kernels.mx_quantize(cols[:, 32:], "e2m1")  # (N, K), then transposed
+  qb = blockscale.QuantizedArray(
+      codes=qt.codes.T, scales=qt.scales.T, tensor_scale=qt.tensor_scale, fmt="e2m1",
+      scale_fmt="e8m0", axes=(0,), block_shape=(32,), shape=(64, 64), scale_rule="floor")
+  mm = jax.jit(lambda a, b: kernels.mx_matmul(a, b, interpret=True))
+  put = lambda q, s: jax.tree.map(
+      lambda v: jax.device_put(v, jax.NamedSharding(mesh, s if v.ndim else P())), q)
+  chex.assert_trees_all_equal(mm(put(qa, P("a", "b")), put(qb, P("b", "a"))), mm(qa, qb))
+
+
+@needs_4
+def test_quantized_dot_with_kernels_under_jit_on_a_mesh_equals_unsharded():
+  """The training path on the kernels (interpret mode), batch split over a 2 x 2 mesh:
+  the mxfp8 dot's output and dx equal the unsharded ones bit for bit; dw (a float32
+  GEMM over the batch, which XLA splits across the shards and sums) and the loss differ
+  by float32 reassociation only."""
+  x, w = _operands()
+  f = jax.jit(jax.value_and_grad(lambda x, w: _loss(x, w, "mxfp8"), argnums=(0, 1),
+                                 has_aux=True))
+  with kernels.implementation("interpret"):
+    (loss, out), (dx, dw) = f(x, w)
+    (loss_s, out_s), (dx_s, dw_s) = f(
+        jax.device_put(x, jax.NamedSharding(_mesh_2x2(), P(("a", "b")))), w)
+  _equal_bits(out_s, out)
+  _equal_bits(dx_s, dx)
+  np.testing.assert_allclose(dw_s, dw, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(dw))))
+  np.testing.assert_allclose(loss_s, loss, rtol=1e-6)
+
+
+@needs_4
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_kernels_lower_under_jit_on_a_mesh(platform):
+  """Issue 53 item 6, reproduced without a device: before the fix a Mosaic kernel in a
+  jitted program on several devices failed to lower ("Mosaic kernels cannot be
+  automatically partitioned. Please wrap the call in a shard_map"), so a quantized
+  data-parallel step could not compile on a multi-chip TPU slice. Every kernel, and the
+  grad of a quantized dot with the batch sharded, now lowers for tpu and cuda."""
+  mesh = _mesh_2x2()
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32,
+                           sharding=jax.NamedSharding(mesh, P(("a", "b"))))
+  w = jax.ShapeDtypeStruct((256, 64), jnp.float32, sharding=jax.NamedSharding(mesh, P()))
+  with kernels.implementation("pallas"):
+    for f in _kernel_calls(KEY, use_kernel=True).values():
+      jax.jit(f).trace(x).lower(lowering_platforms=(platform,))
+    for name in ("mxfp8", "nvfp4"):
+      loss = lambda x, w: _loss(x, w, name)[0]
+      text = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w).lower(
+          lowering_platforms=(platform,)).as_text()
+      assert ("tpu_custom_call" if platform == "tpu" else "triton") in text
+
+
+@needs_4
+def test_kernel_lowers_for_tpu_where_the_mesh_comes_from_the_context_or_a_constraint():
+  """The trace sees the mesh also through ``jax.set_mesh`` with ``in_shardings`` and
+  through a sharding constraint on the operand (docs/kernels.md: where it sees none,
+  the Mosaic call cannot be partitioned)."""
+  mesh = _mesh_2x2()
+  f = lambda v: kernels.mx_quantize_dequantize(v, "e4m3", use_kernel=True)
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+  constrained = lambda v: f(jax.lax.with_sharding_constraint(
+      v, jax.NamedSharding(mesh, P("a"))) * 2)
+  with kernels.implementation("pallas"):
+    with jax.set_mesh(mesh):
+      jax.jit(f, in_shardings=P("a")).trace(x).lower(lowering_platforms=("tpu",))
+    jax.jit(constrained).trace(x).lower(lowering_platforms=("tpu",))
+
+
+@needs_4
+def test_kernels_under_explicit_mesh_axes_follow_the_operand():
+  """Under explicit mesh axes the kernel runs in the operand's own layout; a split
+  that would cut a block (16 rows a shard, blocks of 32 down the rows) is gathered
+  first. The bits are the unsharded ones."""
+  mesh = jax.make_mesh((N_DEVICES,), ("d",), axis_types=(AxisType.Explicit,))
+  x = jax.random.normal(jax.random.key(1), (64, 128))
+  f = lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=0, rounding="stochastic",
+                                               key=KEY, interpret=True)
+  want = jax.jit(f)(x)
+  with jax.set_mesh(mesh):
+    for spec in (P("d"), P(None, "d")):
+      got = jax.jit(f)(jax.device_put(x, spec))
+      chex.assert_trees_all_equal(np.asarray(got), np.asarray(want))
