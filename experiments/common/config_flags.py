@@ -25,6 +25,10 @@ T = TypeVar("T")
 _SCALARS = (bool, int, float, str)
 
 
+# A seed's domain: jax.random.PRNGKey keeps a seed's low 32 bits (seed 2**32 gives seed
+# 0's keys, without a word) and overflows past 2**63, so a seed is a uint32.
+SEED_DOMAIN = "[0, 4294967296)"
+
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])$")
 
 

@@ -28,7 +28,7 @@ from experiments.common import recipe_flag
 from experiments.common import run as run_lib
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
@@ -48,7 +48,7 @@ class LMConfig:
       "head stay bf16, as in ALTO): any of numerics.recipes.names() (fp32, bf16, fp8, "
       "fp8_delayed, mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
   seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
   max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).",
                                 domain="[0, inf)")

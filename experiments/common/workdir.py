@@ -74,9 +74,14 @@ def mark_completed(workdir: str, *, step: int, results_file: str, run_name: str,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
   if row is not None:
     record["row"] = row
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=1, allow_nan=False)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(record, f, indent=1, allow_nan=False)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):  # a full disk: leave no half-written copy behind
+      os.remove(tmp)
+    raise
 
 
 def _row_from_events(workdir: str, done: dict[str, Any]) -> dict[str, Any] | None:
