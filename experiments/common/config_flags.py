@@ -32,6 +32,11 @@ SEED_DOMAIN = "[0, 4294967296)"
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])$")
 
 
+class ConfigError(ValueError):
+  """A config value refused once the data it applies to is known (a ``seq_len`` longer
+  than the text): a script reports it like a flag outside its domain (one line, exit 2)."""
+
+
 def parse_domain(domain: str) -> tuple[float, float, bool, bool]:
   """``"(0, inf)"`` -> ``(low, high, low_closed, high_closed)``."""
   m = _INTERVAL.match(domain.strip())

@@ -96,17 +96,28 @@ def append_result_unless_present(path: str, row: dict[str, Any]) -> bool:
   lock, so two processes never both append it: finishing a run twice (a rerun after a
   kill between its row and its completion mark) leaves one row."""
   line = _line(row)
+  if os.path.exists(path):
+    with open(path, "rb") as f:  # unlocked first: a read-only file that holds it is fine
+      if _holds(f, row):
+        return False
   with _open_locked(path) as f:
     f.seek(0)
-    for raw in f:
-      try:
-        existing = json.loads(raw)
-      except ValueError:
-        continue
-      if isinstance(existing, dict) and same_run(existing, row):
-        return False
+    if _holds(f, row):
+      return False
     _append_locked(f, path, line)
   return True
+
+
+def _holds(f: Any, row: dict[str, Any]) -> bool:
+  """Whether the open results file ``f`` holds a readable row of ``row``'s run."""
+  for raw in f:
+    try:
+      existing = json.loads(raw)
+    except ValueError:
+      continue
+    if isinstance(existing, dict) and same_run(existing, row):
+      return True
+  return False
 
 
 def read_results(path: str, problems: list[str] | None = None) -> list[dict[str, Any]]:

@@ -165,7 +165,8 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
   latest = checkpointer.latest_step()
   if latest is None:
     if resume:
-      logging.info("--resume: no checkpoint in %s, starting from step 0", checkpointer.directory)
+      logging.warning("--resume: nothing to resume, no checkpoint in %s; training from "
+                      "step 0", checkpointer.directory)
     return fresh
   if not resume:
     raise FileExistsError(
