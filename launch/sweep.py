@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
+from experiments.common import log_filters
 from experiments.common import workdir as workdir_lib
 from experiments.common.config_flags import parse_override
 from experiments.common.repo_paths import REPO_DIR, repo_relative
@@ -207,6 +208,9 @@ def list_sweeps() -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Building the declarations validates RL configs with JAX, whose backend probe logs
+  # "Unable to initialize backend 'tpu'" on every CPU machine.
+  log_filters.quiet_library_info()
   if FLAGS.list:
     print(list_sweeps())
     return 0

@@ -87,6 +87,15 @@ def test_cli_dry_run_prints_commands_and_writes_nothing(tmp_path):
   assert not (tmp_path / "sw").exists()
 
 
+def test_cli_list_prints_the_sweeps_and_no_backend_noise():
+  """Before (issue 51): the listing opened with JAX's "Failed to open libtpu.so" line."""
+  out = subprocess.run([sys.executable, "-m", "launch.sweep", "--list"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith("alto: ") and "lm_recipes: " in out.stdout
+  assert "libtpu" not in out.stderr and "backend" not in out.stderr, out.stderr[-2000:]
+
+
 def test_slurm_array_script(tmp_path):
   runs = expand(registry.get("lm_builtin_recipes"), str(tmp_path))
   path = write_array_script(runs, str(tmp_path), "lmb", SlurmOptions(max_concurrent=2,

@@ -247,7 +247,12 @@ def test_sigterm_or_ctrl_c_checkpoints_and_exits_with_the_preempted_status(tmp_p
   out, _ = proc.communicate(timeout=240)
   out = "".join(seen) + out
   assert proc.returncode == PREEMPTED_EXIT_CODE, out[-2000:]
-  assert "stopped at step" in out and "continue with --resume" in out
+  assert "stopped at step" in out
+  # The exact command, with this run's flags (issue 51: a bare --resume resumed the
+  # default config's run, another one).
+  resume = next(l for l in out.splitlines() if "continue with: " in l).split(": ", 1)[1]
+  assert resume.startswith("python -m experiments.lm --recipe=fp32 ")
+  assert resume.endswith(f"--workdir={wd} --resume")
   assert "Traceback" not in out
   assert read_results(str(wd / "results.jsonl")) == []
   assert Checkpointer(str(wd / "checkpoints")).latest_step() > 0
