@@ -10,12 +10,13 @@ twice, a results file that can be written, the same config on resume.
   NFS, whose ``flock`` emulation varies.
 * **Completed runs.** A finished run leaves ``<workdir>/COMPLETED.json`` beside its
   results row (:func:`mark_completed`), with a copy of that row; rerunning or resuming
-  it trains nothing. If its row is missing from the results file (or damaged there),
+  it trains nothing, and takes no lock (a fetched sweep may be read-only). If its row is missing from the results file (or damaged there),
   the rerun appends the kept copy (a run completed before copies were kept: a row
   rebuilt from its ``config.json`` and the scalars its events hold at the final step,
   marked ``restored_from``), so a sweep that reruns it counts it again.
-* **Results file.** Opened for appending before training, so a run that cannot record
-  its result fails in its first second, not after its last step.
+* **Results file and run directory.** Both are checked writable before training, so
+  a run that cannot record its result fails in its first second, not after its last
+  step, with one line naming the path (:class:`NotWritable`).
 * **Config.** ``--resume`` refuses a directory whose recorded config differs: the one in
   ``config.json``, or the one its checkpoints carry (which survives ``config.json``); it
   refuses checkpoints with no record of their config at all.
