@@ -141,17 +141,28 @@ def train_or_exit(train_and_evaluate: TrainFn, config: Any, options: RunOptions
     raise
 
 
+_NOT_RESUMED = ("resume", "noresume", "stop_at_step", "resume_step")
+
+
 def resume_command(argv: list[str] | None = None, module: str | None = None) -> str:
   """The command that continues this run: this process's command line (``argv``,
   default ``sys.argv``; ``module``, default the ``-m`` module it runs) with
   ``--resume``, so it names the same flags and therefore the same run directory (a bare
-  ``--resume`` resumes the default config's run, another one)."""
+  ``--resume`` resumes the default config's run, another one). ``--stop_at_step`` and
+  ``--resume_step`` are left out: the first would stop nothing again, the second would
+  go back past the checkpoints written since."""
   argv = list(sys.argv if argv is None else argv)
   if module is None:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     module = spec.name.removesuffix(".__main__") if spec is not None else None
   program = f"python -m {module}" if module else f"python {shlex.quote(argv[0])}"
-  given = [a for a in argv[1:] if a.split("=", 1)[0] not in ("--resume", "--noresume")]
+  given, args = [], iter(argv[1:])
+  for arg in args:
+    name = arg.split("=", 1)[0].lstrip("-")
+    if name not in _NOT_RESUMED:
+      given.append(arg)
+    elif "=" not in arg and name not in ("resume", "noresume"):
+      next(args, None)  # ``--stop_at_step 4``: its value is the next argument
   return " ".join([program, *map(shlex.quote, given), "--resume"])
 
 
