@@ -40,7 +40,7 @@ from absl import app, flags
 
 from experiments.common import log_filters
 from experiments.common import workdir as workdir_lib
-from experiments.common.config_flags import parse_override
+from experiments.common.config_flags import parse_flags, parse_override
 from experiments.common.repo_paths import REPO_DIR, repo_relative
 from experiments.common.run_metadata import git_state
 from experiments.common.sweep_data import read_sweep_info
@@ -400,4 +400,4 @@ def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

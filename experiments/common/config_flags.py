@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import typing
 from typing import Any, TypeVar
 
@@ -180,3 +181,23 @@ def parse_override(text: str, config: Any) -> tuple[str, Any]:
       raise ValueError(f"{name} expects true/false, got {raw!r}")
     return name, raw.lower() in ("true", "1")
   return name, t(raw)
+
+
+_HELP_FLAGS = ("-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS
+                ) -> list[str]:
+  """absl's flag parsing with a script's exit statuses: a value a flag refuses (an
+  unknown ``--recipe``, a non-number) is one line and exit 2, and ``--help`` exits 0
+  (absl exits 1 for both, with a banner)."""
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"error: {first} (--help lists the flags and their values)", file=sys.stderr)
+    sys.exit(2)
+  except SystemExit as e:
+    if e.code == 1 and any(a.split("=", 1)[0] in _HELP_FLAGS for a in argv[1:]):
+      sys.exit(0)  # the help was printed: asking for it is not an error
+    raise

@@ -21,7 +21,8 @@ from experiments.common import log_filters
 from experiments.common import private_dirs
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, CheckpointError
-from experiments.common.config_flags import ConfigError, config_from_flags, define_flags
+from experiments.common.config_flags import (ConfigError, config_from_flags, define_flags,
+                                             parse_flags)
 from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.run_options import RunOptions, resolve_run_options
 
@@ -232,26 +233,6 @@ def turn_on_compilation_cache(experiment: str) -> str | None:
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory
-
-
-_HELP_FLAGS = ("-?", "--help", "--helpshort", "--helpfull", "--helpxml")
-
-
-def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS
-                ) -> list[str]:
-  """absl's flag parsing with a script's exit statuses: a value a flag refuses (an
-  unknown ``--recipe``, a non-number) is one line and exit 2, and ``--help`` exits 0
-  (absl exits 1 for both, with a banner)."""
-  try:
-    return flag_values(argv)
-  except flags.Error as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"error: {first} (--help lists the flags and their values)", file=sys.stderr)
-    sys.exit(2)
-  except SystemExit as e:
-    if e.code == 1 and any(a.split("=", 1)[0] in _HELP_FLAGS for a in argv[1:]):
-      sys.exit(0)  # the help was printed: asking for it is not an error
-    raise
 
 
 def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn) -> None:
