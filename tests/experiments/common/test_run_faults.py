@@ -92,26 +92,46 @@ def _disk_full_during_the_row(monkeypatch):
   monkeypatch.setattr(results_file_lib, "_write_all", half_then_enospc)
 
 
+def _die_after_the_row_before_the_mark(monkeypatch):
+  """The state the old finishing order (row, then mark) left when killed between the
+  two: the row in the file, no mark (issue 51 row 3)."""
+  def row_then_die(workdir, *, results_file, row, **kwargs):
+    del kwargs
+    results_lib.append_result(os.path.join(REPO_DIR, results_file), row)
+    raise KeyboardInterrupt("killed after the results row, before COMPLETED.json")
+  monkeypatch.setattr(workdir_lib, "mark_completed", row_then_die)
+
+
 @pytest.mark.parametrize("kill", [_die_inside_the_final_save, _die_before_the_mark,
-                                  _die_before_the_row, _disk_full_during_the_row],
+                                  _die_before_the_row, _disk_full_during_the_row,
+                                  _die_after_the_row_before_the_mark],
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_run_killed_at_any_point_of_its_end_resumes_to_one_identical_row(
     tmp_path, monkeypatch, full_run, kill):
   """Before (issue 51): killed between its row and COMPLETED.json, a --resume appended a
   second row; a full disk during the row left a damaged half line in the file for good.
   (Issue 16: a resumed run's row had only eval metrics and steps_per_s "nan".)"""
-  full_dir, full_row = full_run
   wd = tmp_path / "run"
   results = wd / "results.jsonl"
   kill(monkeypatch)
   with pytest.raises((KeyboardInterrupt, OSError)):
     _run(wd)
   monkeypatch.undo()
-  assert not results.exists() or results.read_bytes() == b""  # nothing half written
+  if kill is not _die_after_the_row_before_the_mark:
+    assert not results.exists() or results.read_bytes() == b""  # nothing half written
   try:
     _run(wd, resume=True)
   except workdir_lib.RunAlreadyCompleted as e:  # marked before it died: row put back
     assert "restored" in str(e)
+  _assert_one_row_as_uninterrupted(wd, full_run)
+
+
+def _assert_one_row_as_uninterrupted(wd, full_run):
+  """``wd``'s results file holds one readable row, and the row, the final checkpoint
+  and the loss curve are those of the uninterrupted ``full_run``; finishing it again
+  changes nothing."""
+  full_dir, full_row = full_run
+  results = wd / "results.jsonl"
   [row] = read_results(str(results))  # one row, and every line of the file readable
   assert row["completed"] and row["step"] == TINY.num_steps
   assert row["metrics"] == full_row["metrics"]  # train and eval, the whole run's
@@ -123,6 +143,49 @@ def test_a_run_killed_at_any_point_of_its_end_resumes_to_one_identical_row(
   with pytest.raises(workdir_lib.RunAlreadyCompleted, match="nothing was written"):
     _run(wd, resume=True)
   assert read_results(str(results)) == [row]
+
+
+# A real SIGKILL (no handler, no finally block runs) at a point of the run's end, in a
+# child process that compiles from this module's cache.
+_SIGKILLED = """
+import os, signal, sys
+from experiments.common import results as results_lib
+from experiments.common.checkpoint import Checkpointer
+from tests import compile_cache
+from tests.experiments.common.tiny_lm import TINY, run
+
+def sigkill(*args, **kwargs):
+  os.kill(os.getpid(), signal.SIGKILL)
+
+workdir, point, cache = sys.argv[1:]
+if point == "inside_the_final_save":  # orbax's write of the final step still in flight
+  save = Checkpointer.save
+  def save_then_die(self, snapshot):
+    if snapshot.step == TINY.num_steps:
+      self._manager.wait_until_finished = sigkill
+    save(self, snapshot)
+  Checkpointer.save = save_then_die
+else:  # between the completion mark and the results row
+  results_lib.append_result_unless_present = sigkill
+with compile_cache.shared_compiles(cache):
+  run(workdir)
+"""
+
+
+@pytest.mark.parametrize("point", ["inside_the_final_save", "between_the_mark_and_the_row"])
+def test_a_run_sigkilled_at_its_end_resumes_to_one_identical_row(tmp_path, full_run, point):
+  """The same as above with a real ``kill -9``: nothing of the process's own cleanup
+  runs (issue 51: between the row and the mark, a --resume appended a second row)."""
+  wd = tmp_path / "run"
+  child = subprocess.run([sys.executable, "-c", _SIGKILLED, str(wd), point,
+                          jax.config.jax_compilation_cache_dir],
+                         capture_output=True, text=True, timeout=300, cwd=REPO_DIR)
+  assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+  try:
+    _run(wd, resume=True)
+  except workdir_lib.RunAlreadyCompleted as e:
+    assert "restored" in str(e)
+  _assert_one_row_as_uninterrupted(wd, full_run)
 
 
 def test_resume_of_a_completed_run_says_so_and_writes_nothing(tmp_path):
