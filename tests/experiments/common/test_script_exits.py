@@ -95,12 +95,19 @@ def test_a_read_only_run_directory_is_one_line_and_exit_2(tmp_path, capsys):
   assert err[0].startswith(f"error: cannot write the run directory {wd} (")
 
 
-def test_an_unwritable_results_file_is_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["read_only_directory", "under_a_file"])
+def test_an_unwritable_results_file_is_one_line_and_exit_2(tmp_path, capsys, where):
   """Before: the project's own message, but as a traceback and exit 1."""
-  blocker = tmp_path / "not_a_dir"
-  blocker.write_text("a file where the results file's directory should be")
-  code, _, err = _exit(capsys, workdir=str(tmp_path / "run"),
-                       results_file=str(blocker / "results.jsonl"))
+  parent = tmp_path / "results"
+  if where == "under_a_file":
+    parent.write_text("a file where the results file's directory should be")
+    guard = contextlib.nullcontext()
+  else:  # a read-only mount, as a fetched sweep's results file may be on
+    parent.mkdir()
+    guard = _read_only(parent)
+  with guard:
+    code, _, err = _exit(capsys, workdir=str(tmp_path / "run"),
+                         results_file=str(parent / "results.jsonl"))
   assert code == 2 and len(err) == 1, err
   assert err[0].startswith("error: cannot write the results file")
   assert not os.path.exists(tmp_path / "run" / "checkpoints" / "4")  # nothing trained
