@@ -230,6 +230,9 @@ def test_second_process_on_a_workdir_is_refused_and_a_dead_holders_lock_is_free(
   assert _run(wd)["completed"]
 
 
+# tensorstore's callbacks into orbax's closed event loop, which pytest reports (an entry
+# point drops them: test_script_exits).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoints_are_detected_and_skipped_for_the_newest_intact_one(tmp_path):
   """Before: a damaged data file was restored silently, or failed with a 30-frame
   tensorstore traceback."""
