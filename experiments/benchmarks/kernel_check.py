@@ -61,6 +61,7 @@ from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-imp
 from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
+from experiments.common.config_flags import parse_flags  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -408,4 +409,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -198,6 +198,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS
     print(f"error: {first} (--help lists the flags and their values)", file=sys.stderr)
     sys.exit(2)
   except SystemExit as e:
-    if e.code == 1 and any(a.split("=", 1)[0] in _HELP_FLAGS for a in argv[1:]):
+    ours = argv[1:argv.index("--")] if "--" in argv else argv[1:]  # not a command's after --
+    if e.code == 1 and any(a.split("=", 1)[0] in _HELP_FLAGS for a in ours):
       sys.exit(0)  # the help was printed: asking for it is not an error
     raise

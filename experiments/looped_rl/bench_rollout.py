@@ -24,6 +24,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from experiments.common.config_flags import parse_flags
 from experiments.looped_rl.experiment import ROLLOUT_KV, LoopedRLConfig
 from lowprec.models import looped, sampling
 
@@ -72,4 +73,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

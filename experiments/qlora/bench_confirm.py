@@ -31,6 +31,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.common import run_metadata
+from experiments.common.config_flags import parse_flags
 from experiments.common.confirmatory import fixed_verdict
 from experiments.common.sequential import SequentialPlan, claim_outcome
 from experiments.qlora import sweeps
@@ -276,4 +277,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
