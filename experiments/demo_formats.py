@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import operator_snr
 from lowprec.numerics.outlier_data import outlier_data
@@ -74,4 +75,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

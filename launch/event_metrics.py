@@ -32,6 +32,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from experiments.common import log_filters
+from experiments.common.config_flags import parse_flags
 from experiments.common.repo_paths import repo_relative
 from experiments.common.sweep_data import (read_manifest, read_sweep_info,
                                            read_sweep_results, run_dir)
@@ -124,4 +125,4 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

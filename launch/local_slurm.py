@@ -32,6 +32,8 @@ from typing import Sequence
 
 from absl import app, flags
 
+from experiments.common.config_flags import parse_flags
+
 FLAGS = flags.FLAGS
 
 DAEMONS = ("slurmd", "slurmctld", "munged")  # stop order: reverse of start
@@ -287,4 +289,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("dir", None, "Directory for the config, state, spool and logs.")
   flags.mark_flag_as_required("dir")
   flags.DEFINE_integer("cpus", 0, "CPU slots of the node (0: twice the cores, at least 4).")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

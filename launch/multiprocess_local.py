@@ -20,6 +20,8 @@ from typing import NamedTuple, Sequence
 
 from absl import app, flags
 
+from experiments.common.config_flags import parse_flags
+
 
 def free_port() -> int:
   """A TCP port that was free on 127.0.0.1 a moment ago."""
@@ -93,4 +95,4 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
   flags.DEFINE_integer("num_processes", 2, "How many processes to start.")
   flags.DEFINE_float("timeout_s", 600.0, "Kill every process after this many seconds.")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from absl import app, flags
 
-from experiments.common.config_flags import flag_value
+from experiments.common.config_flags import flag_value, parse_flags
 from experiments.common.curve_plots import plot_curves
 from experiments.common import log_filters
 from experiments.common.stats import decide_claim, paired_difference, summarize
@@ -436,4 +436,4 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
   define_flags()
   flags.mark_flag_as_required("sweep_dir")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

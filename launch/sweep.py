@@ -38,8 +38,9 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
+from experiments.common import log_filters
 from experiments.common import workdir as workdir_lib
-from experiments.common.config_flags import parse_override
+from experiments.common.config_flags import parse_flags, parse_override
 from experiments.common.repo_paths import REPO_DIR, repo_relative
 from experiments.common.run_metadata import git_state
 from experiments.common.sweep_data import read_sweep_info
@@ -210,6 +211,9 @@ def list_sweeps() -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Building the declarations validates RL configs with JAX, whose backend probe logs
+  # "Unable to initialize backend 'tpu'" on every CPU machine.
+  log_filters.quiet_library_info()
   if FLAGS.list:
     print(list_sweeps())
     return 0
@@ -403,4 +407,4 @@ def _finish(sweep_dir: str, failed: Sequence[object]) -> int:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

@@ -28,6 +28,8 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from experiments.common.config_flags import parse_flags
+
 _HPARAMS_PREFIX = "_hparams_/"
 
 
@@ -119,4 +121,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -324,6 +324,11 @@ _qmatmul.defvjp(_qmatmul_fwd, _qmatmul_bwd)
 
 def _canonical(lhs, rhs, dimension_numbers):
   (lc, rc), (lb, rb) = dimension_numbers
+  for ds, a, side in ((lc, lhs, "lhs"), (rc, rhs, "rhs"), (lb, lhs, "lhs"), (rb, rhs, "rhs")):
+    bad = [int(d) for d in ds if not -a.ndim <= int(d) < a.ndim]
+    if bad:  # the modulo below would silently pick another axis
+      raise ValueError(f"dimension_numbers {dimension_numbers}: axis {bad[0]} is out of "
+                       f"range for the {side} of rank {a.ndim} (shape {a.shape})")
   lc, rc, lb, rb = (tuple(int(d) % a.ndim for d in ds) for ds, a in
                     ((lc, lhs), (rc, rhs), (lb, lhs), (rb, rhs)))
   if len(lc) != len(rc) or len(lb) != len(rb):

@@ -20,6 +20,7 @@ from absl import flags
 import jax
 
 from experiments.common import log_filters
+from experiments.common.config_flags import parse_flags
 from lowprec.numerics import operator_snr
 
 
@@ -63,4 +64,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -65,6 +65,7 @@ from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-impo
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import repo_paths  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
+from experiments.common.config_flags import parse_flags  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
 
 _ROOT = pathlib.Path(repo_paths.REPO_DIR)
@@ -436,4 +437,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.common.config_flags import parse_flags
 from lowprec import models
 from lowprec import numerics
 from lowprec.numerics import kernels
@@ -197,4 +198,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

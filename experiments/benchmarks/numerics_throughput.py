@@ -15,6 +15,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from experiments.common.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import benchmarking
 
@@ -84,4 +85,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

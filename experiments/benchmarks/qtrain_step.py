@@ -20,6 +20,7 @@ import jax
 import optax
 
 from experiments.common import recipe_flag
+from experiments.common.config_flags import parse_flags
 from lowprec.models import transformer
 
 
@@ -80,4 +81,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

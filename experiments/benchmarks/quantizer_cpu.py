@@ -24,6 +24,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from experiments.common.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import blockscale
 
@@ -80,4 +81,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -35,6 +35,8 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+from experiments.common.config_flags import parse_flags
+
 TOPOLOGIES = ("v5e:2x2", "h200x4")
 LAYOUTS = ("data", "data_tensor")
 RECIPES = ("bf16", "mxfp8", "nvfp4")
@@ -192,4 +194,4 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

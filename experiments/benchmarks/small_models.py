@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.common.config_flags import parse_flags
 from lowprec import models
 from lowprec.models import quantization
 
@@ -311,4 +312,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 from typing import Any, Mapping, NamedTuple
 
@@ -81,6 +82,13 @@ def array_checksums(tree: Any) -> dict[str, str] | None:
     h.update(np.ascontiguousarray(a).tobytes())
     out[jax.tree_util.keystr(path)] = h.hexdigest()
   return out
+
+
+def _first_line(e: BaseException) -> str:
+  """The first line of ``e``'s message, without the reprs of bound methods that
+  tensorstore's messages carry, cut to 200 characters."""
+  text = re.sub(r"<bound method [^>]*>", "...", str(e)).strip()
+  return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 class Checkpointer:
@@ -157,6 +165,10 @@ class Checkpointer:
     meta = self._meta(step)
     return meta is not None and bool(meta.get("record", {}).get("healthy", True))
 
+  def steps_with_metadata(self) -> list[int]:
+    """The steps whose metadata reads back (an empty or half-written step's does not)."""
+    return [step for step in self.all_steps() if self._meta(step) is not None]
+
   def recorded_config(self) -> dict[str, Any] | None:
     """The config record (``{"config_class", "config"}``) of the newest checkpoint whose
     metadata reads back; None when none records one (saved without a ``config``)."""
@@ -216,7 +228,7 @@ class Checkpointer:
           raise
         restored, legacy = self._read(step, dicts), True
       except Exception:  # pylint: disable=broad-except  (report the first failure)
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        first = _first_line(e)
         raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be "
                               f"read ({type(e).__name__}: {first})") from e
     meta = restored.meta
@@ -255,14 +267,18 @@ class Checkpointer:
         snapshot = self.restore(abstract_state, abstract_rng, step)
       except CheckpointError as e:
         logging.warning("skipping damaged checkpoint: %s", e)
-        reasons.append(str(e))
+        reasons.append(str(e).replace(f"checkpoint step {step} in {self.directory} ",
+                                      f"step {step} "))
         continue
       if reasons:
         logging.warning("restored step %d, the newest intact checkpoint in %s", step,
                         self.directory)
       return snapshot
-    raise CheckpointError(f"no intact checkpoint in {self.directory}"
-                          + (f": {'; '.join(reasons)}" if reasons else ""))
+    raise CheckpointError(
+        f"no intact checkpoint to resume from in {self.directory}"
+        + (f" ({'; '.join(reasons)})" if reasons else "") + ". Put back an intact copy "
+        f"of it, or move it aside (mv {self.directory} {self.directory}.damaged) and "
+        "run again without --resume to train from step 0.")
 
   def close(self) -> None:
     self._manager.close()

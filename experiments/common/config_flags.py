@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import typing
 from typing import Any, TypeVar
 
@@ -25,7 +26,16 @@ T = TypeVar("T")
 _SCALARS = (bool, int, float, str)
 
 
+# A seed's domain: jax.random.PRNGKey keeps a seed's low 32 bits (seed 2**32 gives seed
+# 0's keys, without a word) and overflows past 2**63, so a seed is a uint32.
+SEED_DOMAIN = "[0, 4294967296)"
+
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])$")
+
+
+class ConfigError(ValueError):
+  """A config value refused once the data it applies to is known (a ``seq_len`` longer
+  than the text): a script reports it like a flag outside its domain (one line, exit 2)."""
 
 
 def parse_domain(domain: str) -> tuple[float, float, bool, bool]:
@@ -171,3 +181,24 @@ def parse_override(text: str, config: Any) -> tuple[str, Any]:
       raise ValueError(f"{name} expects true/false, got {raw!r}")
     return name, raw.lower() in ("true", "1")
   return name, t(raw)
+
+
+_HELP_FLAGS = ("-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS
+                ) -> list[str]:
+  """absl's flag parsing with a script's exit statuses: a value a flag refuses (an
+  unknown ``--recipe``, a non-number) is one line and exit 2, and ``--help`` exits 0
+  (absl exits 1 for both, with a banner)."""
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"error: {first} (--help lists the flags and their values)", file=sys.stderr)
+    sys.exit(2)
+  except SystemExit as e:
+    ours = argv[1:argv.index("--")] if "--" in argv else argv[1:]  # not a command's after --
+    if e.code == 1 and any(a.split("=", 1)[0] in _HELP_FLAGS for a in ours):
+      sys.exit(0)  # the help was printed: asking for it is not an error
+    raise

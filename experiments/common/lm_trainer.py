@@ -28,7 +28,8 @@ from experiments.common import recipe_flag
 from experiments.common import run as run_lib
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import (SEED_DOMAIN, ConfigError, check_fields,
+                                             config_field)
 from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
@@ -45,10 +46,10 @@ class LMConfig:
 
   recipe: str = config_field(
       "bf16", "Numerics recipe of the linear projections (attention products and the LM "
-      "head stay bf16, as in ALTO): any of numerics.recipes.names() (fp32, bf16, fp8, "
-      "fp8_delayed, mxfp8, mxfp4_1d2d, mxfp4_rht, mxfp4, nvfp4).")
+      "head stay bf16, as in ALTO): any of numerics.recipes.names().",
+      choices=recipe_flag.available_recipes())
   seed: int = config_field(0, "Seed of parameter init, data order and per-step keys.",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   tokenization: str = config_field("char", "Token level.", choices=shakespeare.TOKENIZATIONS)
   max_chars: int = config_field(0, "Use only the first N characters of the corpus (0: all).",
                                 domain="[0, inf)")
@@ -91,6 +92,9 @@ class LMConfig:
     for name in ("seq_len", "batch_size", "num_steps", "eval_batches"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.d_model % self.num_heads:
+      raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
+                       f"{self.num_heads}; choose a d_model that is a multiple of it")
     if self.warmup_steps >= self.num_steps:
       raise ValueError(f"warmup_steps must be below num_steps ({self.num_steps}), got "
                        f"{self.warmup_steps}")
@@ -207,6 +211,19 @@ def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
   return LMParts(recipe, model, stateful, apply, loss_fn)
 
 
+def _check_windows_fit(config: LMConfig, splits: shakespeare.Splits) -> None:
+  """Refuses a ``seq_len`` longer than a split (what ``max_chars`` and
+  ``validation_fraction`` leave), naming the values, before anything is built."""
+  shortest = min(splits.train.size, splits.validation.size)
+  if shortest < config.seq_len + 1:
+    raise ConfigError(
+        f"seq_len={config.seq_len} needs {config.seq_len + 1} tokens per split, but "
+        f"max_chars={config.max_chars} and validation_fraction="
+        f"{config.validation_fraction} leave {splits.train.size} training and "
+        f"{splits.validation.size} validation tokens; lower --seq_len or raise "
+        "--max_chars (0: the whole corpus)")
+
+
 def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                        ) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
@@ -228,6 +245,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
 
   splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
                                    config.max_chars)
+  _check_windows_fit(config, splits)
   # The one place the --recipe name becomes a Recipe: the rules, the inspector and the
   # quantized GEMMs below receive the object.
   recipe, model, stateful, apply, loss_fn = build_lm(config, splits.vocab.size)

@@ -5,11 +5,16 @@ error with its traceback from each of its worker threads before re-raising it to
 caller, which reports it once (:mod:`experiments.common.script`). JAX logs at INFO that
 it found no TPU ("Unable to initialize backend 'tpu'") on every CPU start, and
 TensorBoard's event reader one "No path found after ..." line per run directory read.
+When a checkpoint cannot be read (a damaged step, which the checkpointer reports and
+skips), tensorstore's callbacks into orbax's closed event loop each print a
+``RuntimeError: Event loop is closed`` traceback through ``sys.unraisablehook``.
 """
 
 from __future__ import annotations
 
 import logging as std_logging
+import sys
+from typing import Any
 
 from absl import logging
 
@@ -31,9 +36,27 @@ class _DropInfoFrom(std_logging.Filter):
 _LIBRARIES = ("/orbax/", "/jax/_src/xla_bridge.py", "/tensorboard/")
 
 
+def _closed_loop_callback(unraisable: Any) -> bool:
+  """Whether an unraisable exception is a callback into an event loop already closed."""
+  return (isinstance(unraisable.exc_value, RuntimeError)
+          and str(unraisable.exc_value) == "Event loop is closed")
+
+
 def quiet_library_info(path_fragments: tuple[str, ...] = _LIBRARIES) -> None:
-  """Drops INFO/DEBUG records emitted from files under ``path_fragments``, and their
-  worker threads' logged copies of re-raised exceptions (entry points only)."""
+  """Drops INFO/DEBUG records emitted from files under ``path_fragments``, their worker
+  threads' logged copies of re-raised exceptions, and the unraisable "Event loop is
+  closed" errors of callbacks that arrive after orbax closed its loop (entry points
+  only)."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropInfoFrom) for f in handler.filters):
     handler.addFilter(_DropInfoFrom(path_fragments))
+  previous = sys.unraisablehook
+  if getattr(previous, "_drops_closed_loop_callbacks", False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    if not _closed_loop_callback(unraisable):
+      previous(unraisable)
+
+  hook._drops_closed_loop_callbacks = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook

@@ -2,11 +2,12 @@
 file: :mod:`experiments.common.results_file`) and its completion mark.
 
 A row is written once, by the process that completes the run (a resumed run's row
-carries the whole run's metrics: the loop restores them from its checkpoint), and the
-run directory is then marked completed (:func:`experiments.common.workdir.mark_completed`,
-which keeps a copy of the row), so neither a rerun nor a ``--resume`` of it trains
-again; a rerun that finds the row missing from the results file or damaged there
-appends the kept copy (:func:`experiments.common.workdir.claim`).
+carries the whole run's metrics: the loop restores them from its checkpoint): the run
+directory is first marked completed (:func:`experiments.common.workdir.mark_completed`,
+which keeps a copy of the row), then the row is appended unless the file already holds
+it, so neither a rerun nor a ``--resume`` of it trains again, and a rerun that finds
+the row missing from the results file or damaged there (a kill or a full disk between
+the mark and the row) appends the kept copy (:func:`experiments.common.workdir.claim`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from experiments.common import workdir as workdir_lib
 from experiments.common.repo_paths import repo_relative
 # Re-exported: the results table's readers and writers import them from here.
 from experiments.common.results_file import (  # pylint: disable=unused-import
-    append_result, jsonable, read_results)
+    append_result, append_result_unless_present, jsonable, read_results)
 from experiments.common.train_loop import train_tag
 
 
@@ -76,10 +77,15 @@ def finish_run(writer: Any, results_file: str, summary: dict[str, Any], *,
              and isinstance(v, (int, float)) and math.isfinite(v)}
     writer.write_scalars(step, final)
     writer.write_hparams_end(step, completed=True)
-    append_result(results_file, summary)
+    # The mark (with a copy of the row) first, then the row unless the file holds it:
+    # a run killed, or out of disk, between the two is finished by its rerun, which
+    # finds the mark and puts the kept row back (workdir.claim), so every kill point
+    # leaves one row. The other order left a row without a mark, and a --resume then
+    # appended a second one.
     if workdir is not None:
       workdir_lib.mark_completed(workdir, step=step, results_file=repo_relative(results_file),
                                  run_name=summary.get("run_name", ""), row=jsonable(summary))
+    append_result_unless_present(results_file, summary)
   writer.close()
 
 

@@ -27,6 +27,8 @@ import os
 import time
 from typing import Any, Callable, Iterator, Mapping
 
+from absl import logging
+
 from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
@@ -82,6 +84,10 @@ class Run:
                            "histogram_every", "progress_every_s")
               if hasattr(self.config, name)}
     fields.setdefault("histogram_every", 0)
+    stop, first = self.options.stop_at_step, 0 if self.start is None else self.start.step
+    if stop and not first < stop < num_steps:
+      logging.warning("--stop_at_step=%d does nothing: this run goes from step %d to %d "
+                      "and completes", stop, first, num_steps)
     return LoopSettings(num_steps=num_steps, stop_at_step=self.options.stop_at_step,
                         **{**fields, **overrides})
 
@@ -112,8 +118,14 @@ def open_run(experiment: str, config: Any, options: Any, *, checkpoints: bool = 
     hparams: the HParams session's values (default: every config field).
     writer_process: False on the non-writing processes of a multi-process job.
   """
-  checkpointer = (Checkpointer(os.path.join(options.workdir, "checkpoints"), config=config)
-                  if checkpoints else None)
+  directory = os.path.join(options.workdir, "checkpoints")
+  completed = workdir_lib.completion_record(options.workdir) is not None
+  if writer_process and not completed:
+    # One line naming the directory, not orbax's traceback from inside its manager.
+    workdir_lib.check_run_dir_writable(options.workdir)
+  # A completed run is only read (claim refuses it), and may sit on a read-only mount.
+  checkpointer = (Checkpointer(directory, config=config)
+                  if checkpoints and (not completed or os.path.isdir(directory)) else None)
   with workdir_lib.claim(options.workdir, results_file=options.results_file,
                          resume=options.resume, config=config, checkpointer=checkpointer,
                          writer_process=writer_process):

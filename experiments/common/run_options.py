@@ -68,6 +68,17 @@ def default_run_name(config: Any, max_len: int = 48) -> str:
   return f"{name[:max_len - 9]}-{digest}"
 
 
+def check_run_name(name: str) -> None:
+  """Raises ValueError unless ``name`` is one plain path component: it names the run's
+  directory under ``runs/<experiment>/``, and ``../x`` or ``a/b`` would write outside
+  it or into another run's."""
+  seps = {os.sep, os.altsep} - {None}
+  if name in (".", "..") or any(sep in name for sep in seps) or "\0" in name:
+    raise ValueError(f"run_name {name!r} is not a plain name (one path component: no "
+                     f"{' or '.join(sorted(seps))}, not '.' or '..'); pass another "
+                     "--run_name, or --workdir to choose the directory")
+
+
 def resolve_run_options(options: RunOptions, experiment: str, config: Any = None
                         ) -> RunOptions:
   """Fills the defaults that depend on each other and makes paths absolute.
@@ -88,6 +99,8 @@ def resolve_run_options(options: RunOptions, experiment: str, config: Any = None
   if options.process_id < -1:
     raise ValueError(f"process_id must be >= -1, got {options.process_id}")
   run_name = options.run_name
+  if run_name:
+    check_run_name(run_name)
   workdir = options.workdir
   if not workdir:
     workdir = os.path.join("runs", experiment, run_name or default_run_name(config))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import sys
 from typing import Any, Callable
 
@@ -19,8 +20,9 @@ from experiments.common import distributed
 from experiments.common import log_filters
 from experiments.common import private_dirs
 from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer
-from experiments.common.config_flags import config_from_flags, define_flags
+from experiments.common.checkpoint import Checkpointer, CheckpointError
+from experiments.common.config_flags import (ConfigError, config_from_flags, define_flags,
+                                             parse_flags)
 from experiments.common.preemption import PREEMPTED_EXIT_CODE
 from experiments.common.run_options import RunOptions, resolve_run_options
 
@@ -69,7 +71,7 @@ def print_run(summary: dict[str, Any], options: RunOptions) -> None:
   if summary["completed"]:
     print(f"results row:        {_shown(options.results_file)}")
   else:
-    print("no results row (stopped early); continue with --resume")
+    print(f"no results row (stopped early); continue with: {resume_command()}")
   print(f"view: tensorboard --logdir {_shown(view_dir(workdir, summary['experiment']))} "
         f"--host 127.0.0.1 --port 6006   (this run: {os.path.basename(workdir)})")
 
@@ -86,8 +88,8 @@ def view_dir(workdir: str, experiment: str) -> str:
 def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn
              ) -> Callable[[list[str]], None]:
   """The absl ``main`` of an experiment: the compilation cache
-  (:func:`turn_on_compilation_cache`), the run, and :func:`print_run` on the writing
-  process."""
+  (:func:`turn_on_compilation_cache`), the run (:func:`train_or_exit`), and
+  :func:`print_run` on the writing process."""
 
   def main(argv: list[str]) -> None:
     if len(argv) > 1:
@@ -100,35 +102,69 @@ def main_for(config_cls: type, experiment: str, train_and_evaluate: TrainFn
     except (ValueError, TypeError) as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
-    try:
-      summary = train_and_evaluate(config, options)
-    except workdir_lib.RunAlreadyCompleted as e:
-      print(e)
-      sys.exit(0)
-    except (workdir_lib.WorkdirInUse, workdir_lib.RunRefused, FileExistsError) as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    except KeyboardInterrupt:
-      # Ctrl-C inside the loop checkpoints (a preemption); this is one outside it, or
-      # a second one that stopped the checkpoint: say where the run can go on from.
-      print(f"interrupted (Ctrl-C) with no new checkpoint; last good checkpoint: "
-            f"{_last_checkpoint(options.workdir)}. Rerun with --resume to continue.",
-            file=sys.stderr)
-      sys.exit(INTERRUPTED_EXIT_CODE)
-    except BaseException as e:  # pylint: disable=broad-except
-      if _disk_full(e):
-        print(f"error: no space left on device while writing the run in "
-              f"{options.workdir}; last good checkpoint: {_last_checkpoint(options.workdir)}. "
-              f"Free space, then rerun with --resume. (cause: {_first_line(e)[:160]})",
-              file=sys.stderr)
-        sys.exit(DISK_FULL_EXIT_CODE)
-      raise
+    summary = train_or_exit(train_and_evaluate, config, options)
     if distributed.is_writer():
       print_run(summary, options)
     if not summary["completed"]:
       sys.exit(PREEMPTED_EXIT_CODE)
 
   return main
+
+
+def train_or_exit(train_and_evaluate: TrainFn, config: Any, options: RunOptions
+                  ) -> dict[str, Any]:
+  """``train_and_evaluate(config, options)``, or the script's exit on what a user can act
+  on (see the exit statuses above), with one line saying what happened and what to do;
+  anything else propagates (exit 1, with its traceback)."""
+  try:
+    return train_and_evaluate(config, options)
+  except workdir_lib.RunAlreadyCompleted as e:
+    print(e)
+    sys.exit(0)
+  except (workdir_lib.WorkdirInUse, workdir_lib.RunRefused, workdir_lib.NotWritable,
+          ConfigError, CheckpointError, FileExistsError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except KeyboardInterrupt:
+    # Ctrl-C inside the loop checkpoints (a preemption); this is one outside it, or
+    # a second one that stopped the checkpoint: say where the run can go on from.
+    print(f"interrupted (Ctrl-C) with no new checkpoint; last good checkpoint: "
+          f"{_last_checkpoint(options.workdir)}. Continue with: {resume_command()}",
+          file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT_CODE)
+  except BaseException as e:  # pylint: disable=broad-except
+    if _disk_full(e):
+      print(f"error: no space left on device while writing the run in "
+            f"{options.workdir}; last good checkpoint: {_last_checkpoint(options.workdir)}. "
+            f"Free space, then continue with: {resume_command()} (cause: "
+            f"{_first_line(e)[:160]})", file=sys.stderr)
+      sys.exit(DISK_FULL_EXIT_CODE)
+    raise
+
+
+_NOT_RESUMED = ("resume", "noresume", "stop_at_step", "resume_step")
+
+
+def resume_command(argv: list[str] | None = None, module: str | None = None) -> str:
+  """The command that continues this run: this process's command line (``argv``,
+  default ``sys.argv``; ``module``, default the ``-m`` module it runs) with
+  ``--resume``, so it names the same flags and therefore the same run directory (a bare
+  ``--resume`` resumes the default config's run, another one). ``--stop_at_step`` and
+  ``--resume_step`` are left out: the first would stop nothing again, the second would
+  go back past the checkpoints written since."""
+  argv = list(sys.argv if argv is None else argv)
+  if module is None:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = spec.name.removesuffix(".__main__") if spec is not None else None
+  program = f"python -m {module}" if module else f"python {shlex.quote(argv[0])}"
+  given, args = [], iter(argv[1:])
+  for arg in args:
+    name = arg.split("=", 1)[0].lstrip("-")
+    if name not in _NOT_RESUMED:
+      given.append(arg)
+    elif "=" not in arg and name not in ("resume", "noresume"):
+      next(args, None)  # ``--stop_at_step 4``: its value is the next argument
+  return " ".join([program, *map(shlex.quote, given), "--resume"])
 
 
 def _first_line(e: BaseException) -> str:
@@ -202,4 +238,4 @@ def turn_on_compilation_cache(experiment: str) -> str | None:
 def run(config_cls: type, experiment: str, train_and_evaluate: TrainFn) -> None:
   """Defines the flags and runs :func:`main_for` (call from ``__main__`` only)."""
   define_script_flags(config_cls, RunOptions)
-  app.run(main_for(config_cls, experiment, train_and_evaluate))
+  app.run(main_for(config_cls, experiment, train_and_evaluate), flags_parser=parse_flags)

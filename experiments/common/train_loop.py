@@ -150,9 +150,10 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
   """The snapshot to start from: the newest intact checkpoint if resuming, else ``init()``.
 
   A damaged or incomplete newest checkpoint is skipped with a warning naming it
-  (:meth:`Checkpointer.restore_latest_intact`). ``resume_step`` resumes from that step
-  instead (e.g. the last healthy checkpoint before a divergence); the newer checkpoints
-  of the abandoned trajectory are deleted.
+  (:meth:`Checkpointer.restore_latest_intact`) and deleted, so the run saves that step
+  afresh. ``resume_step`` resumes from that step instead (e.g. the last healthy
+  checkpoint before a divergence); the newer checkpoints of the abandoned trajectory
+  are deleted.
 
   Raises:
     FileExistsError: checkpoints exist but ``resume`` is False (refuse to overwrite).
@@ -164,7 +165,8 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
   latest = checkpointer.latest_step()
   if latest is None:
     if resume:
-      logging.info("--resume: no checkpoint in %s, starting from step 0", checkpointer.directory)
+      logging.warning("--resume: nothing to resume, no checkpoint in %s; training from "
+                      "step 0", checkpointer.directory)
     return fresh
   if not resume:
     raise FileExistsError(
@@ -178,9 +180,13 @@ def restore_or_initialize(checkpointer: Checkpointer | None, resume: bool,
                      f"{checkpointer.directory} (steps: {checkpointer.all_steps()})")
   snapshot = checkpointer.restore_latest_intact(fresh.state, fresh.rng, resume_step)
   newer = [s for s in checkpointer.all_steps() if s > snapshot.step]
-  if resume_step is not None and newer:
-    logging.warning("resuming from step %d: deleting the newer checkpoints %s", snapshot.step,
-                    newer)
+  if newer:
+    # Either an abandoned trajectory (--resume_step) or steps that failed to restore
+    # (warned above); a damaged one left in place would never be saved again (a save
+    # keeps a step that exists), so the run would end on it.
+    logging.warning("resuming from step %d: deleting the newer checkpoints %s (%s)",
+                    snapshot.step, newer, "--resume_step" if resume_step is not None
+                    else "damaged")
     checkpointer.delete_after(snapshot.step)
   if not snapshot.record.get("healthy", True):
     healthy = [s for s in checkpointer.all_steps() if s < snapshot.step]

@@ -10,12 +10,13 @@ twice, a results file that can be written, the same config on resume.
   NFS, whose ``flock`` emulation varies.
 * **Completed runs.** A finished run leaves ``<workdir>/COMPLETED.json`` beside its
   results row (:func:`mark_completed`), with a copy of that row; rerunning or resuming
-  it trains nothing. If its row is missing from the results file (or damaged there),
+  it trains nothing, and takes no lock (a fetched sweep may be read-only). If its row is missing from the results file (or damaged there),
   the rerun appends the kept copy (a run completed before copies were kept: a row
   rebuilt from its ``config.json`` and the scalars its events hold at the final step,
   marked ``restored_from``), so a sweep that reruns it counts it again.
-* **Results file.** Opened for appending before training, so a run that cannot record
-  its result fails in its first second, not after its last step.
+* **Results file and run directory.** Both are checked writable before training, so
+  a run that cannot record its result fails in its first second, not after its last
+  step, with one line naming the path (:class:`NotWritable`).
 * **Config.** ``--resume`` refuses a directory whose recorded config differs: the one in
   ``config.json``, or the one its checkpoints carry (which survives ``config.json``); it
   refuses checkpoints with no record of their config at all.
@@ -24,10 +25,12 @@ twice, a results file that can be written, the same config on resume.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from typing import Any
 
@@ -55,6 +58,28 @@ class RunRefused(ValueError):
   """The run directory cannot be used as asked (the message says why and what to do)."""
 
 
+class NotWritable(OSError):
+  """The run directory or the results file cannot be written (a read-only mount, an
+  immutable directory, permissions); the message names it and what to do."""
+
+  def __init__(self, message: str, errno_: int | None = None):
+    super().__init__(message)
+    self.errno = errno_
+
+
+def check_run_dir_writable(workdir: str) -> None:
+  """Raises :class:`NotWritable` (naming ``workdir``) unless a file can be created in
+  it (creating it if needed): found before orbax fails inside its checkpointer."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=workdir)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise NotWritable(f"cannot write the run directory {workdir} ({e.strerror}); choose "
+                      "another --workdir, or make it writable", e.errno) from None
+
+
 def completion_record(workdir: str) -> dict[str, Any] | None:
   """What :func:`mark_completed` wrote in ``workdir``, or None."""
   path = os.path.join(workdir, COMPLETED)
@@ -74,9 +99,14 @@ def mark_completed(workdir: str, *, step: int, results_file: str, run_name: str,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
   if row is not None:
     record["row"] = row
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=1, allow_nan=False)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(record, f, indent=1, allow_nan=False)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):  # a full disk: leave no half-written copy behind
+      os.remove(tmp)
+    raise
 
 
 def _row_from_events(workdir: str, done: dict[str, Any]) -> dict[str, Any] | None:
@@ -117,7 +147,13 @@ def _restore_row(workdir: str, done: dict[str, Any], results_file: str) -> str:
           f"missing from {results_file} or damaged there, and it cannot be restored: "
           "the run kept no copy of its row and its config.json or final-step events "
           "are missing. Train it again in another --workdir.")
-  if not append_result_unless_present(results_file, row):
+  try:
+    appended = append_result_unless_present(results_file, row)
+  except OSError as e:
+    raise NotWritable(f"{workdir} holds a completed run whose results row is missing from "
+                      f"{results_file}, which cannot be written ({e.strerror}); pass a "
+                      "writable --results_file to restore the row there", e.errno) from None
+  if not appended:
     return present
   source = row.get("restored_from", COMPLETED)
   logging.warning("restored the results row of %s into %s (from %s)", workdir,
@@ -201,6 +237,11 @@ def lock_holder(directory: str) -> str | None:
 def _lock(workdir: str) -> Any:
   try:
     return lock_directory(workdir)
+  except OSError as e:
+    if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+      raise
+    raise NotWritable(f"cannot lock the run directory {workdir} ({e.strerror}); choose "
+                      "another --workdir, or make it writable", e.errno) from None
   except DirectoryLocked as e:
     raise WorkdirInUse(
         f"{workdir} is in use by another process ({e.holder}); refusing to run a second "
@@ -210,15 +251,15 @@ def _lock(workdir: str) -> Any:
 
 
 def check_results_writable(results_file: str) -> None:
-  """Raises OSError (naming the file) unless a row can be appended to it."""
+  """Raises :class:`NotWritable` (naming the file) unless a row can be appended to it."""
   try:
     os.makedirs(os.path.dirname(os.path.abspath(results_file)), exist_ok=True)
     with open(results_file, "a"):
       pass
   except OSError as e:
-    raise OSError(e.errno, f"cannot write the results file {results_file} ({e.strerror}); "
-                  "fix its permissions or pass another --results_file before training") \
-        from None
+    raise NotWritable(f"cannot write the results file {results_file} ({e.strerror}); fix "
+                      "its permissions or pass another --results_file before training",
+                      e.errno) from None
 
 
 def _config_records(workdir: str, checkpointer: Any) -> list[tuple[str, dict]]:
@@ -252,6 +293,15 @@ def _check_resumed_config(workdir: str, config: Any, has_checkpoint: bool,
   checkpoints' own record, which survives config.json), or whose checkpoints have no
   record of their config at all."""
   records = _config_records(workdir, checkpointer)
+  if has_checkpoint and not records and checkpointer is not None \
+      and not checkpointer.steps_with_metadata():
+    raise RunRefused(
+        f"refusing to --resume {workdir}: config.json is missing or unreadable, and no "
+        f"checkpoint step there ({checkpointer.all_steps()}) has readable metadata (each "
+        "is empty or was cut short while being written), so there is nothing to resume "
+        "and nothing shows which config trained them. Move "
+        f"{checkpointer.directory} aside and train again without --resume, or put the "
+        "run's config.json back.")
   if has_checkpoint and not records:
     raise RunRefused(
         f"refusing to --resume {workdir}: it holds checkpoints but no record of the "
@@ -292,20 +342,23 @@ def claim(workdir: str, *, results_file: str, resume: bool, config: Any = None,
     WorkdirInUse: another live process holds it.
     RunRefused: resuming with, or finding a completed run of, a config that differs
       from a recorded one; or resuming checkpoints with no record of their config.
-    OSError: the results file cannot be written.
+    NotWritable: the run directory or the results file cannot be written.
   """
+  # A completed run is final, so it is recognized before the lock: a fetched sweep on
+  # a read-only mount reruns to "already completed" (its row restored elsewhere if
+  # need be), not to a PermissionError on .lock.
+  done = completion_record(workdir)
+  if done is not None:
+    if config is not None:
+      _check_completed_config(workdir, config, checkpointer)
+    what = (_restore_row(workdir, done, results_file) if writer_process
+            else f"its results row is in {done['results_file']}); nothing was written")
+    raise RunAlreadyCompleted(
+        f"{workdir} holds a completed run (step {done['step']}; {what}. Train again "
+        "with another --workdir (or change the config: the default workdir is named "
+        "after it).")
   held = Claim(workdir, _lock(workdir) if writer_process else None)
   try:
-    done = completion_record(workdir)
-    if done is not None:
-      if config is not None:
-        _check_completed_config(workdir, config, checkpointer)
-      what = (_restore_row(workdir, done, results_file) if writer_process
-              else f"its results row is in {done['results_file']}); nothing was written")
-      raise RunAlreadyCompleted(
-          f"{workdir} holds a completed run (step {done['step']}; {what}. Train again "
-          "with another --workdir (or change the config: the default workdir is named "
-          "after it).")
     if checkpointer is not None and checkpointer.latest_step() is not None:
       has_checkpoint = True
     if has_checkpoint and not resume:

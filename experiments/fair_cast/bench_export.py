@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from experiments.common import arithmetic_task as task
 from experiments.common import run_metadata
+from experiments.common.config_flags import parse_flags
 from experiments.common.results import write_benchmark
 from experiments.common.rl.loop import learner_step_fns
 from experiments.fair_cast.experiment import ExportMonitor, FairCastConfig
@@ -149,4 +150,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

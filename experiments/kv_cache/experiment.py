@@ -52,7 +52,7 @@ import numpy as np
 
 from experiments.common import arithmetic_task as task
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import run_summary
 from experiments.common.rl.config import RLConfig
 from experiments.common.rl.warm_start import warm_start
@@ -121,7 +121,7 @@ class KVCacheConfig:
   """Everything that defines a run's result (its flags; written to config.json)."""
 
   seed: int = config_field(0, "Seed of the base model (its warm-start seed), the "
-                           "evaluation problems and the sampling key.", domain="[0, inf)")
+                           "evaluation problems and the sampling key.", domain=SEED_DOMAIN)
   key_cache: str = config_field("fp32", "How the cache stores keys: fmt[/granularity"
                                 "[/scale]] (see parse_cache), e.g. e4m3/tensor/unit.")
   value_cache: str = config_field("", "How it stores values (empty: as keys).")

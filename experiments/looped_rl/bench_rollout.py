@@ -29,6 +29,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from experiments.common.config_flags import parse_flags
 from experiments.looped_rl.experiment import ROLLOUT_KV, LoopedRLConfig
 from lowprec.models import looped, sampling
 
@@ -88,4 +89,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

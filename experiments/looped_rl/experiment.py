@@ -54,7 +54,7 @@ import optax
 from experiments.common import arithmetic_task as task
 from experiments.common import recipe_flag
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import loop_metrics, run_summary
 from experiments.common.rl import harness_checks
 from experiments.common import run as run_lib
@@ -84,7 +84,7 @@ class LoopedRLConfig:
   """Everything that defines a run's result (its flags; written to config.json)."""
 
   seed: int = config_field(0, "Seed of the warm start (one base per seed), the problems "
-                           "and the rollout keys.", domain="[0, inf)")
+                           "and the rollout keys.", domain=SEED_DOMAIN)
   recipe: str = config_field("fp32", "Precision of the projections (rollout and learner "
                              "alike); attention products and head stay bf16 unless fp32.",
                              choices=RECIPES)

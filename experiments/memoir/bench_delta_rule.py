@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments.common.config_flags import parse_flags
 from lowprec.models import delta_rule
 
 FLAGS = flags.FLAGS
@@ -72,4 +73,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("d_v", 32, "Value dimension.")
   flags.DEFINE_integer("chunk", 16, "Chunk length of the chunked form.")
   flags.DEFINE_integer("repeats", 50, "Timed calls per form.")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

@@ -32,7 +32,7 @@ from absl import logging
 
 from experiments.memoir import recall_task
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
@@ -51,7 +51,7 @@ class MemoirExperimentConfig:
   halting: str = config_field("ponder", "ponder: learned PonderNet halting; fixed: always "
                               "max_steps.", choices=memoir_lib.HALTINGS)
   seed: int = config_field(0, "Seed of parameter init, data and per-step keys.",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   num_pairs: int = config_field(8, "Key-value pairs written per sample.", domain="[1, inf)")
   key_dim: int = config_field(32, "Dimension of the task's keys.", domain="[1, inf)")
   num_values: int = config_field(16, "Distinct value ids (recall chance is 1/num_values).",

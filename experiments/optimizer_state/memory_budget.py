@@ -41,6 +41,7 @@ from absl import app, flags
 from experiments.common import lm_trainer
 from experiments.common import run_metadata
 from experiments.common import shakespeare
+from experiments.common.config_flags import parse_flags
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.optimizer_state import sweeps
@@ -179,4 +180,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -33,6 +33,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments.common import bench_sequential, run_metadata
+from experiments.common.config_flags import parse_flags
 from experiments.common.confirmatory import fixed_verdict
 from experiments.common.sequential import SequentialPlan
 from experiments.qlora import sweeps
@@ -226,4 +227,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import run_metadata
+from experiments.common.config_flags import parse_flags
 from experiments.common.results import write_benchmark
 from experiments.common.train_loop import init_train_state, make_train_step
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
@@ -205,4 +206,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -69,7 +69,7 @@ from absl import logging
 from experiments.common import params_cache
 from experiments.common import shakespeare
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
@@ -105,7 +105,7 @@ class QLoRAConfig:
   alpha: float = config_field(16.0, "LoRA alpha (the adapter output is scaled by "
                               "alpha / rank).", domain="(0, inf)")
   seed: int = config_field(1, "Seed of the adapters' init and the fine-tuning data order.",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   holdout_play: str = config_field("HAMLET, PRINCE OF DENMARK", "Title of the play left "
                                    "out of pretraining and fine-tuned on (as in the corpus).")
   finetune_eval_fraction: float = config_field(0.15, "Last fraction of the play held out "
@@ -118,7 +118,7 @@ class QLoRAConfig:
   num_heads: int = config_field(4, "Attention heads.", domain="[1, inf)")
   d_ff: int = config_field(512, "Feed-forward hidden width.", domain="[1, inf)")
   pretrain_seed: int = config_field(1000, "Seed of the base's init and pretraining data.",
-                                    domain="[0, inf)")
+                                    domain=SEED_DOMAIN)
   pretrain_steps: int = config_field(1000, "Pretraining steps of the base.",
                                      domain="[0, inf)")
   pretrain_lr: float = config_field(3e-3, "Pretraining peak AdamW learning rate (100 "

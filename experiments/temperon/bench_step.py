@@ -23,6 +23,7 @@ import jax
 from absl import app, flags
 
 from experiments.common import run_metadata
+from experiments.common.config_flags import parse_flags
 from experiments.common.results import write_benchmark
 from experiments.temperon import experiment
 from experiments.temperon.sweeps import ARMS, temperon
@@ -76,4 +77,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

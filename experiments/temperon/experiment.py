@@ -35,7 +35,7 @@ from absl import logging
 from experiments.common import curves
 from experiments.common import digits
 from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from experiments.common.results import loop_metrics, run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
@@ -53,7 +53,7 @@ class TemperonConfig:
   """Everything that defines a run's result (its flags; written to config.json)."""
 
   seed: int = config_field(0, "Seed of parameter init and data order (the split is fixed).",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   num_steps: int = config_field(600, "Total training steps (the budget).", domain="[1, inf)")
   batch_size: int = config_field(64, "Batch size.", domain="[1, inf)")
   train_examples: int = config_field(0, "Use only the first N training images (0: all).",

@@ -229,6 +229,10 @@ def test_errors():
     qdot.quantized_dot_general(x.astype(jnp.int32), w, DN, "mxfp8")
   with pytest.raises(ValueError, match="contracting dims differ"):
     qdot.quantized_dot_general(x, w[:32], DN, "mxfp8")
+  # Before (issue 51): axis 3 of a rank-2 lhs wrapped to axis 1 and was reported as
+  # "contracting dims differ" (or, with equal sizes, contracted the wrong axis).
+  with pytest.raises(ValueError, match="axis 3 is out of range for the lhs of rank 2"):
+    qdot.quantized_dot_general(x, w, (((3,), (0,)), ((), ())), "mxfp8")
   with pytest.raises(ValueError, match="2D tiles"):
     recipes.replace("mxfp4", name="bad", forward=recipes.GemmRecipe(
         lhs=recipes.OperandQuant("e2m1"), rhs=recipes.OperandQuant("e2m1")))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from experiments.common import arithmetic_task as task
-from experiments.common.config_flags import check_fields, config_field
+from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
 from lowprec.models import sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics.rl import importance
@@ -38,14 +38,14 @@ class RLConfig:
   """
 
   seed: int = config_field(0, "RL seed: problems, sampling and per-update keys.",
-                           domain="[0, inf)")
+                           domain=SEED_DOMAIN)
   digits: int = config_field(3, "Digits per addend.", domain="[1, 9]")
   d_model: int = config_field(64, "Model width.", domain="[1, inf)")
   num_layers: int = config_field(2, "Transformer blocks.", domain="[1, inf)")
   num_heads: int = config_field(4, "Attention heads.", domain="[1, inf)")
   d_ff: int = config_field(256, "Feed-forward hidden width.", domain="[1, inf)")
   pretrain_seed: int = config_field(0, "Seed of the supervised warm start (shared by arms).",
-                                    domain="[0, inf)")
+                                    domain=SEED_DOMAIN)
   warm_start_per_seed: bool = config_field(
       False, "Seed the warm start (and its held-out evaluation problems) with the run's "
       "seed, so each seed starts from its own policy; pretrain_seed must then stay 0.")

@@ -83,3 +83,24 @@ def test_parse_override():
     parse_override("steps", Toy())
   with pytest.raises(ValueError, match="no field"):
     parse_override("x=1", Toy())
+
+
+def test_every_entry_point_parses_flags_with_the_scripts_exit_statuses():
+  """Before (issue 51 row 16): ``--help`` exited 1 and a refused flag value was absl's
+  FATAL banner with exit 1, at every entry point (``parse_flags``' statuses are tested in
+  test_script_exits and, through two entry points, test_sweep_spec). The library's own
+  tools (numerics/) do not import the experiments and are left out."""
+  import ast  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  from experiments.common.repo_paths import REPO_DIR  # pylint: disable=import-outside-toplevel
+  calls, plain = 0, []
+  for top in ("experiments", "launch"):
+    for path in sorted(pathlib.Path(REPO_DIR, top).rglob("*.py")):
+      for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "run" and getattr(node.func.value, "id", None) == "app"):
+          calls += 1
+          if not any(k.arg == "flags_parser" and getattr(k.value, "id", None) == "parse_flags"
+                     for k in node.keywords):
+            plain.append(f"{path.relative_to(REPO_DIR)}:{node.lineno}")
+  assert calls > 10 and not plain, plain

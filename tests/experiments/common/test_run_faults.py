@@ -4,6 +4,7 @@ Tiny LM runs (a few steps of a 1-layer, width-16 model) so the whole file costs 
 """
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -18,8 +19,10 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments.common import results as results_lib
+from experiments.common import results_file as results_file_lib
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
+from experiments.common.config_flags import SEED_DOMAIN
 from experiments.common.preemption import PREEMPTED_EXIT_CODE, PreemptionWatcher
 from experiments.common.repo_paths import REPO_DIR
 from experiments.common.results import read_results
@@ -39,24 +42,152 @@ _compile_each_program_once = compile_cache.module_fixture()
 # ----------------------------------------------------------------- results and rows
 
 
-def test_death_after_the_last_checkpoint_then_resume_writes_the_whole_runs_row(
-    tmp_path, monkeypatch):
-  """Before: the resumed run's row had only eval metrics and steps_per_s "nan"."""
-  full = _run(tmp_path / "full")
-  # The same run dies after its final checkpoint, before its results row.
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, _compile_each_program_once):
+  """An uninterrupted tiny LM run: its directory and results row."""
+  del _compile_each_program_once  # the run compiles into the module's cache
+  wd = tmp_path_factory.mktemp("full") / "run"
+  _run(wd)
+  [row] = read_results(str(wd / "results.jsonl"))
+  return wd, row
+
+
+def _final_checksums(workdir):
+  ck = Checkpointer(str(workdir / "checkpoints"))
+  try:
+    return ck._meta(ck.latest_step())["checksums"]  # pylint: disable=protected-access
+  finally:
+    ck.close()
+
+
+def _die_inside_the_final_save(monkeypatch):
+  """The final step's arrays written, its metadata not (the process killed mid-save)."""
+  save = Checkpointer.save
+  def dying_save(self, snapshot):
+    save(self, snapshot)
+    if snapshot.step == TINY.num_steps:
+      shutil.rmtree(os.path.join(self.directory, str(snapshot.step), "meta"))
+      raise KeyboardInterrupt("killed inside the final save")
+  monkeypatch.setattr(Checkpointer, "save", dying_save)
+
+
+def _die_before_the_mark(monkeypatch):
+  def die(*args, **kwargs):
+    raise KeyboardInterrupt("killed before COMPLETED.json")
+  monkeypatch.setattr(workdir_lib, "mark_completed", die)
+
+
+def _die_before_the_row(monkeypatch):
   def die(*args, **kwargs):
     raise KeyboardInterrupt("killed before the results row")
   monkeypatch.setattr(results_lib, "append_result", die)
-  with pytest.raises(KeyboardInterrupt):
-    _run(tmp_path / "died")
+  monkeypatch.setattr(results_lib, "append_result_unless_present", die)
+
+
+def _disk_full_during_the_row(monkeypatch):
+  """The results row's write stops half way with ENOSPC (as a full disk does)."""
+  def half_then_enospc(fd, data):
+    os.write(fd, data[:len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(results_file_lib, "_write_all", half_then_enospc)
+
+
+def _die_after_the_row_before_the_mark(monkeypatch):
+  """The state the old finishing order (row, then mark) left when killed between the
+  two: the row in the file, no mark (issue 51 row 3)."""
+  def row_then_die(workdir, *, results_file, row, **kwargs):
+    del kwargs
+    results_lib.append_result(os.path.join(REPO_DIR, results_file), row)
+    raise KeyboardInterrupt("killed after the results row, before COMPLETED.json")
+  monkeypatch.setattr(workdir_lib, "mark_completed", row_then_die)
+
+
+@pytest.mark.parametrize("kill", [_die_inside_the_final_save, _die_before_the_mark,
+                                  _die_before_the_row, _disk_full_during_the_row,
+                                  _die_after_the_row_before_the_mark],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_run_killed_at_any_point_of_its_end_resumes_to_one_identical_row(
+    tmp_path, monkeypatch, full_run, kill):
+  """Before (issue 51): killed between its row and COMPLETED.json, a --resume appended a
+  second row; a full disk during the row left a damaged half line in the file for good.
+  (Issue 16: a resumed run's row had only eval metrics and steps_per_s "nan".)"""
+  wd = tmp_path / "run"
+  results = wd / "results.jsonl"
+  kill(monkeypatch)
+  with pytest.raises((KeyboardInterrupt, OSError)):
+    _run(wd)
   monkeypatch.undo()
-  assert read_results(str(tmp_path / "died" / "results.jsonl")) == []
-  resumed = _run(tmp_path / "died", resume=True)
-  rows = read_results(str(tmp_path / "died" / "results.jsonl"))
-  assert len(rows) == 1 and rows[0]["completed"]
-  assert rows[0]["metrics"] == full["metrics"]  # train and eval, the whole run's
-  assert isinstance(rows[0]["steps_per_s"], float) and rows[0]["steps_per_s"] > 0
-  assert resumed["resumed_from_step"] == 8
+  if kill is _die_after_the_row_before_the_mark:  # the old order's state, reproduced
+    assert len(read_results(str(results))) == 1 and not (wd / "COMPLETED.json").exists()
+  else:
+    assert not results.exists() or results.read_bytes() == b""  # nothing half written
+  try:
+    _run(wd, resume=True)
+  except workdir_lib.RunAlreadyCompleted as e:  # marked before it died: row put back
+    assert "restored" in str(e)
+  _assert_one_row_as_uninterrupted(wd, full_run)
+
+
+def _assert_one_row_as_uninterrupted(wd, full_run):
+  """``wd``'s results file holds one readable row, and the row, the final checkpoint
+  and the loss curve are those of the uninterrupted ``full_run``; finishing it again
+  changes nothing."""
+  full_dir, full_row = full_run
+  results = wd / "results.jsonl"
+  [row] = read_results(str(results))  # one row, and every line of the file readable
+  assert row["completed"] and row["step"] == TINY.num_steps
+  assert row["metrics"] == full_row["metrics"]  # train and eval, the whole run's
+  assert row["config"] == full_row["config"]
+  assert isinstance(row["steps_per_s"], float) and row["steps_per_s"] > 0
+  assert _final_checksums(wd) == _final_checksums(full_dir)  # bit-identical arrays
+  assert read_scalars(str(wd))["train/loss"] == read_scalars(str(full_dir))["train/loss"]
+  # Finishing again changes nothing.
+  with pytest.raises(workdir_lib.RunAlreadyCompleted, match="nothing was written"):
+    _run(wd, resume=True)
+  assert read_results(str(results)) == [row]
+
+
+# A real SIGKILL (no handler, no finally block runs) at a point of the run's end, in a
+# child process that compiles from this module's cache.
+_SIGKILLED = """
+import os, signal, sys
+from experiments.common import results as results_lib
+from experiments.common.checkpoint import Checkpointer
+from tests import compile_cache
+from tests.experiments.common.tiny_lm import TINY, run
+
+def sigkill(*args, **kwargs):
+  os.kill(os.getpid(), signal.SIGKILL)
+
+workdir, point, cache = sys.argv[1:]
+if point == "inside_the_final_save":  # orbax's write of the final step still in flight
+  save = Checkpointer.save
+  def save_then_die(self, snapshot):
+    if snapshot.step == TINY.num_steps:
+      self._manager.wait_until_finished = sigkill
+    save(self, snapshot)
+  Checkpointer.save = save_then_die
+else:  # between the completion mark and the results row
+  results_lib.append_result_unless_present = sigkill
+with compile_cache.shared_compiles(cache):
+  run(workdir)
+"""
+
+
+@pytest.mark.parametrize("point", ["inside_the_final_save", "between_the_mark_and_the_row"])
+def test_a_run_sigkilled_at_its_end_resumes_to_one_identical_row(tmp_path, full_run, point):
+  """The same as above with a real ``kill -9``: nothing of the process's own cleanup
+  runs (issue 51: between the row and the mark, a --resume appended a second row)."""
+  wd = tmp_path / "run"
+  child = subprocess.run([sys.executable, "-c", _SIGKILLED, str(wd), point,
+                          jax.config.jax_compilation_cache_dir],
+                         capture_output=True, text=True, timeout=300, cwd=REPO_DIR)
+  assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+  try:
+    _run(wd, resume=True)
+  except workdir_lib.RunAlreadyCompleted as e:
+    assert "restored" in str(e)
+  _assert_one_row_as_uninterrupted(wd, full_run)
 
 
 def test_resume_of_a_completed_run_says_so_and_writes_nothing(tmp_path):
@@ -101,6 +232,9 @@ def test_second_process_on_a_workdir_is_refused_and_a_dead_holders_lock_is_free(
   assert _run(wd)["completed"]
 
 
+# tensorstore's callbacks into orbax's closed event loop, which pytest reports (an entry
+# point drops them: test_script_exits).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoints_are_detected_and_skipped_for_the_newest_intact_one(tmp_path):
   """Before: a damaged data file was restored silently, or failed with a 30-frame
   tensorstore traceback."""
@@ -181,7 +315,12 @@ def test_sigterm_or_ctrl_c_checkpoints_and_exits_with_the_preempted_status(tmp_p
   out, _ = proc.communicate(timeout=240)
   out = "".join(seen) + out
   assert proc.returncode == PREEMPTED_EXIT_CODE, out[-2000:]
-  assert "stopped at step" in out and "continue with --resume" in out
+  assert "stopped at step" in out
+  # The exact command, with this run's flags (issue 51: a bare --resume resumed the
+  # default config's run, another one).
+  resume = next(l for l in out.splitlines() if "continue with: " in l).split(": ", 1)[1]
+  assert resume.startswith("python -m experiments.lm --recipe=fp32 ")
+  assert resume.endswith(f"--workdir={wd} --resume")
   assert "Traceback" not in out
   assert read_results(str(wd / "results.jsonl")) == []
   assert Checkpointer(str(wd / "checkpoints")).latest_step() > 0
@@ -253,6 +392,13 @@ def test_every_numeric_config_field_declares_its_domain():
     undeclared = [f.name for f in dataclasses.fields(cls)
                   if hints[f.name] in (int, float) and "domain" not in f.metadata]
     assert not undeclared, (cls.__name__, undeclared)
+    # Before (issue 51): seeds were [0, inf), and seed 2**32 silently gave seed 0's keys.
+    seeds = [f for f in dataclasses.fields(cls)
+             if f.name.endswith("seed") and hints[f.name] is int]
+    assert all(f.metadata["domain"] == SEED_DOMAIN for f in seeds), cls.__name__
+  with pytest.raises(ValueError, match=r"LMConfig.seed must be in \[0, 4294967296\), "
+                     "got 4294967296"):
+    lm.LMConfig(seed=2**32)
 
 
 def test_out_of_disk_space_prints_one_line_with_the_last_good_checkpoint(tmp_path):
