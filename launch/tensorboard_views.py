@@ -48,6 +48,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
 from experiments.common import log_filters
+from experiments.common.config_flags import parse_flags
 from experiments.common.stats import mean_interval
 from experiments.common.sweep_data import (config_value, read_manifest, read_sweep_info,
                                            read_sweep_results, run_dir)
@@ -310,4 +311,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
