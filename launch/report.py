@@ -15,6 +15,7 @@ to the repository root), so rebuilding a committed report reproduces it exactly.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -207,57 +208,99 @@ def registered_appendix(info: dict[str, Any]) -> Callable[[str], str] | None:
   return registry.appendix_function(declared) if declared else None
 
 
-def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
-  """Writes ``<sweep_dir>/REPORT.md`` and ``<sweep_dir>/plots/*.png``; returns the report path.
+@dataclasses.dataclass
+class SweepData:
+  """What a report reads from a sweep directory, and the per-arm values it computes
+  from the results rows (evaluation seeds only; calibration runs are listed, never
+  counted)."""
 
-  The sweep's appendix (if declared) follows the generated sections, then the contents
-  of ``<sweep_dir>/FINDINGS.md`` (if present), so a rebuild keeps the hand-written reading.
-  Runs on calibration seeds are listed but kept out of every statistic. A metric is
-  averaged only over all of an arm's completed runs: if some lack it, its cell says
-  so and the runs are named. Damaged results lines are skipped and listed.
-  """
+  sweep_dir: str
+  info: dict[str, Any]
+  manifest: list[dict[str, Any]]
+  results: Any  # sweep_data.SweepResults
+  calibration: set[str]
+  # arm -> metric -> seed -> value; arm -> completed runs; (arm, metric) -> runs lacking it
+  values: dict[str, dict[str, dict[int, float]]]
+  completed: dict[str, list[str]]
+  lacking: dict[tuple[str, str], list[str]]
+
+  @property
+  def rows(self) -> dict[str, dict[str, Any]]:
+    return self.results.rows
+
+  @property
+  def arms(self) -> list[str]:
+    return [a["name"] for a in self.info["arms"]]
+
+  @property
+  def recorded_dir(self) -> str:
+    return self.info.get("sweep_dir", "<sweep_dir>")
+
+  def values_of(self, arm: str, metric: str) -> dict[int, float]:
+    """``seed -> value`` of ``metric`` over ``arm``'s completed evaluation runs (any
+    metric, declared or not: claims may name one the tables do not show)."""
+    by_name = {m["run_name"]: m for m in self.manifest}
+    out = {}
+    for name, row in self.rows.items():
+      m = by_name[name]
+      if name in self.calibration or m["arm"] != arm:
+        continue
+      v = _number((row.get("metrics") or {}).get(metric))
+      if v is not None:
+        out[m["seed"]] = v
+    return out
+
+
+def read_sweep(sweep_dir: str) -> SweepData:
+  """Reads ``sweep.json``, the manifest and the results rows of ``sweep_dir`` and
+  tabulates each arm's declared metrics by seed."""
   info = read_sweep_info(sweep_dir)
   manifest = read_manifest(sweep_dir)
   by_name = {m["run_name"]: m for m in manifest}
   results = read_sweep_results(sweep_dir)
-  rows = results.rows
   calibration = {m["run_name"] for m in manifest if m.get("calibration")}
   arms = [a["name"] for a in info["arms"]]
-  baseline = info["baseline"]
-  metrics = info["metrics"]
-  higher = set(info.get("higher_is_better", []))
-  recorded_dir = info.get("sweep_dir", "<sweep_dir>")
-
-  # arm -> metric -> seed -> value (evaluation seeds only); the runs lacking a metric
-  values: dict[str, dict[str, dict[int, float]]] = {a: collections.defaultdict(dict) for a in arms}
+  values: dict[str, dict[str, dict[int, float]]] = {a: collections.defaultdict(dict)
+                                                    for a in arms}
   completed: dict[str, list[str]] = {a: [] for a in arms}
   lacking: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
-  for name, row in rows.items():
+  for name, row in results.rows.items():
     if name in calibration:
       continue
     m = by_name[name]
     completed[m["arm"]].append(name)
     row_metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
-    for metric in metrics:
+    for metric in info["metrics"]:
       v = _number(row_metrics.get(metric))
       if v is None:
         lacking[(m["arm"], metric)].append(name)
       else:
         values[m["arm"]][metric][m["seed"]] = v
+  return SweepData(sweep_dir, info, manifest, results, calibration, values, completed,
+                   lacking)
 
+
+def _override_flags(info: dict[str, Any]) -> str:
+  overrides = info.get("overrides") or {}
+  return "".join(" " + shlex.quote(f"--override={k}={flag_value(v)}")
+                 for k, v in sorted(overrides.items()))
+
+
+def _header_lines(d: SweepData) -> list[str]:
+  """The title, the description, provenance and what is missing or damaged."""
+  info, rows, manifest = d.info, d.rows, d.manifest
   lines = [f"# Sweep `{info['name']}`", ""]
   if info.get("description"):
     lines += [info["description"], ""]
   cal_seeds = info.get("calibration_seeds", [])
   lines += [
-      f"- experiment: `python -m {info['module']}`; arms: {', '.join(f'`{a}`' for a in arms)} "
-      f"(baseline `{baseline}`); evaluation seeds: {info['seeds']}"
+      f"- experiment: `python -m {info['module']}`; arms: "
+      f"{', '.join(f'`{a}`' for a in d.arms)} (baseline `{info['baseline']}`); "
+      f"evaluation seeds: {info['seeds']}"
       + (f"; calibration seeds (never evaluated): {cal_seeds}" if cal_seeds else ""),
       f"- runs completed: {len(rows)} of {len(manifest)}", *provenance(info, rows),
-      f"- sweep directory: `{recorded_dir}`"]
+      f"- sweep directory: `{d.recorded_dir}`"]
   overrides = info.get("overrides") or {}
-  override_flags = "".join(
-      " " + shlex.quote(f"--override={k}={flag_value(v)}") for k, v in sorted(overrides.items()))
   if overrides:
     lines.append("- overrides applied to every run over the declared sweep (`--override`): "
                  + ", ".join(f"`{k}={flag_value(v)}`" for k, v in sorted(overrides.items())))
@@ -266,91 +309,88 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   if missing:
     lines += ["**Missing runs** (no results row; see their `launch.log`): "
               + ", ".join(f"`{n}`" for n in missing), ""]
-  if results.problems:
+  if d.results.problems:
     lines += ["**Damaged results lines, skipped:** "
-              + "; ".join(f"`{p}`" for p in results.problems), ""]
-  if results.duplicates:
+              + "; ".join(f"`{p}`" for p in d.results.problems), ""]
+  if d.results.duplicates:
     lines += ["**Runs with more than one results row** (rows are keyed by run name; the "
               "newest complete row is used): " + ", ".join(
-                  f"`{n}` ({k} rows)" for n, k in sorted(results.duplicates.items())), ""]
-  if calibration:
+                  f"`{n}` ({k} rows)" for n, k in sorted(d.results.duplicates.items())), ""]
+  if d.calibration:
     lines += ["Runs on calibration seeds (listed below, left out of every statistic): "
-              + ", ".join(f"`{n}`" for n in sorted(calibration)), ""]
+              + ", ".join(f"`{n}`" for n in sorted(d.calibration)), ""]
   for a in info["arms"]:
     lines.append(f"- arm `{a['name']}` overrides: `{a['overrides']}`")
-  lines.append("")
+  return lines + [""]
 
-  def values_of(arm: str, metric: str) -> dict[int, float]:
-    out = {}
-    for name, row in rows.items():
-      m = by_name[name]
-      if name in calibration or m["arm"] != arm:
-        continue
-      v = _number((row.get("metrics") or {}).get(metric))
-      if v is not None:
-        out[m["seed"]] = v
-    return out
 
-  if info.get("sequential"):  # repeated intervals, looks and seeds used
-    lines += sequential_runner.claims_table(sweep_dir, info, values_of)
-  else:
-    lines += claims_table(info, values_of)
-
-  lines += ["## Ablation table", "",
-            "Mean ± sample std over seeds (n = completed runs; a cell is given only when "
-            "every one of them has the metric). "
-            + ", ".join(f"`{m}` {'higher' if m in higher else 'lower'} is better"
-                        for m in metrics) + ".", ""]
+def _ablation_lines(d: SweepData) -> list[str]:
+  """Mean ± std per arm and metric, with the runs that lack a metric named."""
+  metrics, higher = d.info["metrics"], set(d.info.get("higher_is_better", []))
+  lines = ["## Ablation table", "",
+           "Mean ± sample std over seeds (n = completed runs; a cell is given only when "
+           "every one of them has the metric). "
+           + ", ".join(f"`{m}` {'higher' if m in higher else 'lower'} is better"
+                       for m in metrics) + ".", ""]
   lines.append("| arm | n | " + " | ".join(f"`{m}`" for m in metrics) + " |")
   lines.append("|---|---|" + "---|" * len(metrics))
   notes = []
-  for a in arms:
+  for a in d.arms:
     cells = []
     for metric in metrics:
-      if lacking.get((a, metric)):
-        cells.append(f"n/a ({len(lacking[(a, metric)])} of {len(completed[a])} runs lack it)")
+      if d.lacking.get((a, metric)):
+        cells.append(f"n/a ({len(d.lacking[(a, metric)])} of {len(d.completed[a])} runs "
+                     "lack it)")
         notes.append(f"`{a}` / `{metric}`: missing in "
-                     + ", ".join(f"`{n}`" for n in sorted(lacking[(a, metric)])))
+                     + ", ".join(f"`{n}`" for n in sorted(d.lacking[(a, metric)])))
         continue
-      s = summarize(list(values[a][metric].values()))
+      s = summarize(list(d.values[a][metric].values()))
       cells.append(f"{_fmt(s.mean)} ± {_fmt(s.std)}" if s.n else "n/a")
-    lines.append(f"| `{a}`{' (baseline)' if a == baseline else ''} | {len(completed[a])} | "
-                 + " | ".join(cells) + " |")
+    lines.append(f"| `{a}`{' (baseline)' if a == d.info['baseline'] else ''} | "
+                 f"{len(d.completed[a])} | " + " | ".join(cells) + " |")
   lines.append("")
   if notes:
     lines += ["Runs that lack a metric: " + "; ".join(notes) + ".", ""]
+  return lines
 
-  pct = int(round(confidence * 100))
-  lines += [f"## Paired differences against `{baseline}`", "",
-            f"Per seed `arm − {baseline}`, then mean and a {pct}% t-interval "
-            "(mean ± t·sd/√n, n − 1 degrees of freedom). An interval that excludes 0 is "
-            "marked *.", ""]
+
+def _paired_lines(d: SweepData, confidence: float) -> list[str]:
+  """Each arm's paired difference to the baseline, per metric."""
+  baseline, pct = d.info["baseline"], int(round(confidence * 100))
+  lines = [f"## Paired differences against `{baseline}`", "",
+           f"Per seed `arm − {baseline}`, then mean and a {pct}% t-interval "
+           "(mean ± t·sd/√n, n − 1 degrees of freedom). An interval that excludes 0 is "
+           "marked *.", ""]
   lines.append("| arm | metric | mean diff | " + f"{pct}% CI | n pairs |")
   lines.append("|---|---|---|---|---|")
-  for a in arms:
+  for a in d.arms:
     if a == baseline:
       continue
-    for metric in metrics:
-      d = paired_difference(values[a][metric], values[baseline][metric], confidence)
-      star = "*" if d.excludes_zero else ""
-      lines.append(f"| `{a}` | `{metric}` | {_fmt(d.mean)}{star} | "
-                   f"[{_fmt(d.ci_low)}, {_fmt(d.ci_high)}] | {d.n} |")
-  lines.append("")
+    for metric in d.info["metrics"]:
+      p = paired_difference(d.values[a][metric], d.values[baseline][metric], confidence)
+      star = "*" if p.excludes_zero else ""
+      lines.append(f"| `{a}` | `{metric}` | {_fmt(p.mean)}{star} | "
+                   f"[{_fmt(p.ci_low)}, {_fmt(p.ci_high)}] | {p.n} |")
+  return lines + [""]
 
-  lines += ["## Curves", ""]
+
+def _read_curves(d: SweepData) -> tuple[dict[str, dict[str, list]],
+                                       dict[str, dict[str, list[str]]],
+                                       dict[str, dict[str, list]], list[str], list[Any]]:
+  """(tag -> arm -> curves, tag -> arm -> their runs, run -> every scalar (the arm view
+  reuses them), completed runs without events, damaged event files)."""
   curves_by_tag: dict[str, dict[str, list]] = {t: collections.defaultdict(list)
-                                              for t in info.get("curves", [])}
-  # tag -> arm -> the runs whose events hold that tag
+                                              for t in d.info.get("curves", [])}
   curve_runs: dict[str, dict[str, list[str]]] = {t: collections.defaultdict(list)
                                                 for t in curves_by_tag}
   without_events, damaged = [], []
-  scalars_by_run: dict[str, dict[str, list]] = {}  # read once: the arm view reuses them
-  for m in manifest:
-    directory = run_dir(sweep_dir, m["run_name"])
-    if m["run_name"] in calibration:
+  scalars_by_run: dict[str, dict[str, list]] = {}
+  for m in d.manifest:
+    directory = run_dir(d.sweep_dir, m["run_name"])
+    if m["run_name"] in d.calibration:
       continue
     if not has_event_files(directory):
-      if m["run_name"] in rows:  # a run without a row is named under Missing runs
+      if m["run_name"] in d.rows:  # a run without a row is named under Missing runs
         without_events.append(m["run_name"])
       continue
     scalars = read_scalars(directory, damaged)
@@ -359,33 +399,45 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
       if tag in scalars:
         curves_by_tag[tag][m["arm"]].append(scalars[tag])
         curve_runs[tag][m["arm"]].append(m["run_name"])
+  return curves_by_tag, curve_runs, scalars_by_run, without_events, damaged
+
+
+def _curve_lines(d: SweepData) -> tuple[list[str], dict[str, dict[str, list]]]:
+  """The Curves section (plots written under ``plots/``) and every run's scalars."""
+  curves_by_tag, curve_runs, scalars_by_run, without_events, damaged = _read_curves(d)
+  lines = ["## Curves", ""]
   if without_events:
     lines += ["**Completed runs without events** (no event file in their run directory, "
               "so no curves): " + ", ".join(f"`{n}`" for n in without_events), ""]
   if damaged:
     lines += ["**Damaged event files** (the bytes named hold no readable record and are "
               "skipped; every record after them is read): " + "; ".join(
-                  f"`{d._replace(path=os.path.relpath(d.path, sweep_dir))}`"
-                  for d in damaged), ""]
+                  f"`{x._replace(path=os.path.relpath(x.path, d.sweep_dir))}`"
+                  for x in damaged), ""]
   for tag, curves in curves_by_tag.items():
     if not curves:
       lines += [f"(no `{tag}` events found)", ""]
       continue
-    ordered = {a: curves[a] for a in arms if a in curves}
+    ordered = {a: curves[a] for a in d.arms if a in curves}
     rel = os.path.join("plots", f"{_slug(tag)}.png")
-    plot_curves(tag, ordered, os.path.join(sweep_dir, rel), baseline=baseline)
+    plot_curves(tag, ordered, os.path.join(d.sweep_dir, rel), baseline=d.info["baseline"])
     lines += [f"![{tag}]({rel})", ""]
-    short = [_curve_count_note(a, tag, curve_runs[tag][a], completed[a])
+    short = [_curve_count_note(a, tag, curve_runs[tag][a], d.completed[a])
              for a in ordered]
     if any(short):
       lines += [f"`{tag}` curves not over the table's runs: "
                 + "; ".join(n for n in short if n) + ".", ""]
+  return lines, scalars_by_run
 
-  lines += ["## Runs", "", "| run | arm | seed | " + " | ".join(f"`{m}`" for m in metrics)
-            + " | steps/s | wall s |", "|---|---|---|" + "---|" * (len(metrics) + 2)]
-  for m in manifest:
-    row = rows.get(m["run_name"])
-    seed = f"{m['seed']} (calibration)" if m["run_name"] in calibration else m["seed"]
+
+def _runs_lines(d: SweepData) -> list[str]:
+  """One row per run of the manifest: its metrics, speed and wall time."""
+  metrics = d.info["metrics"]
+  lines = ["## Runs", "", "| run | arm | seed | " + " | ".join(f"`{m}`" for m in metrics)
+           + " | steps/s | wall s |", "|---|---|---|" + "---|" * (len(metrics) + 2)]
+  for m in d.manifest:
+    row = d.rows.get(m["run_name"])
+    seed = f"{m['seed']} (calibration)" if m["run_name"] in d.calibration else m["seed"]
     if row is None:
       lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | "
                    + " | ".join("missing" for _ in metrics) + " | | |")
@@ -394,15 +446,44 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
     vals = [_fmt(row_metrics.get(metric)) for metric in metrics]
     lines.append(f"| `{m['run_name']}` | `{m['arm']}` | {seed} | " + " | ".join(vals)
                  + f" | {_fmt(row.get('steps_per_s'), 2)} | {_fmt(row.get('wall_s'), 1)} |")
+  return lines
+
+
+def _reproduce_lines(d: SweepData, arm_runs: int) -> list[str]:
+  """How to view (the arm view first), rerun and rebuild the sweep."""
+  info, recorded_dir = d.info, d.recorded_dir
+  return ["", "## Reproduce", "",
+          *tensorboard_lines(info, recorded_dir, arm_runs, len(d.manifest)),
+          f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
+          f"{_override_flags(info)}` "
+          f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
+          f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
+          "and the arm view from the committed data.", ""]
+
+
+def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
+  """Writes ``<sweep_dir>/REPORT.md``, ``<sweep_dir>/plots/*.png`` and the arm view
+  (:mod:`launch.tensorboard_views`); returns the report path.
+
+  Read (:func:`read_sweep`), then each section rendered from what was read. The
+  sweep's appendix (if declared) follows the generated sections, then the contents of
+  ``<sweep_dir>/FINDINGS.md`` (if present), so a rebuild keeps the hand-written reading.
+  Runs on calibration seeds are listed but kept out of every statistic. A metric is
+  averaged only over all of an arm's completed runs: if some lack it, its cell says
+  so and the runs are named. Damaged results lines are skipped and listed.
+  """
+  d = read_sweep(sweep_dir)
+  lines = _header_lines(d)
+  if d.info.get("sequential"):  # repeated intervals, looks and seeds used
+    lines += sequential_runner.claims_table(sweep_dir, d.info, d.values_of)
+  else:
+    lines += claims_table(d.info, d.values_of)
+  lines += _ablation_lines(d) + _paired_lines(d, confidence)
+  curve_lines, scalars_by_run = _curve_lines(d)
+  lines += curve_lines + _runs_lines(d)
   view = tensorboard_views.write_arm_view(sweep_dir, scalars_by_run)  # rebuilt with it
-  lines += ["", "## Reproduce", "",
-            *tensorboard_lines(info, recorded_dir, len(os.listdir(view)), len(manifest)),
-            f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
-            f"{override_flags}` "
-            f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
-            f"`python -m launch.report --sweep_dir={recorded_dir}` rebuilds this report "
-            "and the arm view from the committed data.", ""]
-  appendix = registered_appendix(info)
+  lines += _reproduce_lines(d, len(os.listdir(view)))
+  appendix = registered_appendix(d.info)
   if appendix is not None:
     lines += [appendix(sweep_dir)]
   findings = os.path.join(sweep_dir, FINDINGS)
