@@ -245,120 +245,155 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
 
   Every process of a multi-process job must call this (the jitted computations are SPMD).
   """
-  state, rng, step, position = start.state, start.rng, start.step, start.data_position
-  if step > settings.num_steps:
-    raise ValueError(f"checkpoint step {step} is beyond num_steps={settings.num_steps}")
-  progress = ProgressReporter(settings.num_steps, every_s=settings.progress_every_s)
-  pending: list[tuple[int, Metrics]] = []
-  # A resumed run starts from what the checkpoint recorded, so its results row carries
-  # the whole run's metrics and speed even when it resumes at the final step.
-  record = start.record or {}
-  last_train: dict[str, float] = dict(record.get("train_metrics", {}))
-  last_eval: dict[str, float] = dict(record.get("eval_metrics", {}))
-  timed = record.get("timing", {"steps": 0, "seconds": 0.0})
-  segments = _segments(record, step, dict(run_metadata.git_state() if provenance is None
-                                          else provenance))
-  t_start = time.perf_counter()
-  first_step_s = None
-  if step > 0:
-    # Readers drop what the interrupted process logged past this run's checkpoint
-    # (TensorBoard's restart convention); the steps up to it stay.
-    writer.mark_restart(step + 1)
-
-  def steps_per_s() -> float:
-    """Over every timed step of the run so far, this process's and earlier ones'."""
-    now = progress.timed(step)
-    steps, seconds = timed["steps"] + now[0], timed["seconds"] + now[1]
-    return steps / seconds if steps > 0 and seconds > 0 else math.nan
-
-  def flush_metrics() -> None:
-    nonlocal last_train
-    if not pending:
-      return
-    fetched = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, fetched):
-      last_train = {k: float(v) for k, v in m.items()}
-      if (settings.every_step_scalars or s == settings.num_steps
-          or _due(s, settings.log_every)):
-        writer.write_scalars(s, {train_tag(k): v for k, v in last_train.items()})
-      if not np.isfinite(last_train["loss"]):
-        writer.flush()
-        raise FloatingPointError(f"non-finite train loss {last_train['loss']} at step {s}")
-    pending.clear()
-
-  def run_eval() -> None:
-    nonlocal last_eval
-    if evaluate is None:
-      return
-    last_eval = {k: float(v) for k, v in evaluate(state.params).items()}
-    writer.write_scalars(step, {f"eval/{k}": v for k, v in last_eval.items()})
-    logging.info("eval step %d | %s", step,
-                 " | ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())))
-
-  def run_inspect() -> None:
-    if inspect is None:
-      return
-    histograms, scalars = inspect(state.params)
-    writer.write_histograms(step, histograms)
-    writer.write_scalars(step, scalars)
-
-  def loop_record() -> dict[str, Any]:
-    loss = last_train.get("loss", math.nan)
-    now = progress.timed(step)
-    return {"train_metrics": last_train, "eval_metrics": last_eval, "segments": segments,
-            "timing": {"steps": timed["steps"] + now[0],
-                       "seconds": timed["seconds"] + now[1]},
-            "loss": loss if math.isfinite(loss) else None,
-            "healthy": bool(not last_train or (math.isfinite(loss)
-                                               and loss <= settings.max_healthy_loss))}
-
-  def save() -> None:
-    if checkpointer is not None:
-      checkpointer.save(Snapshot(state, rng, step, position, loop_record()))
-
+  if start.step > settings.num_steps:
+    raise ValueError(f"checkpoint step {start.step} is beyond num_steps="
+                     f"{settings.num_steps}")
+  loop = _Loop(start, settings, writer, checkpointer, evaluate, inspect,
+               dict(run_metadata.git_state() if provenance is None else provenance))
   completed = True
   with PreemptionWatcher() as preemption:
-    if step == 0:
-      run_eval()
-      run_inspect()
-    while step < settings.num_steps:
-      batch = batch_at(position)
-      rng, step_key = jax.random.split(rng)
-      state, metrics = train_step(state, batch, step_key)
-      step += 1
-      position += 1
-      pending.append((step, metrics))
-      if first_step_s is None:
-        jax.block_until_ready(metrics)
-        first_step_s = time.perf_counter() - t_start
-        writer.write_scalars(step, {"perf/first_step_s": first_step_s})
-        progress.start(step)
-      last = step == settings.num_steps
-      if last or _due(step, settings.log_every):
-        flush_metrics()
-        rate = progress.steps_per_s(step)
-        if rate == rate:
-          writer.write_scalars(step, {"perf/steps_per_s": rate})
-        progress.maybe_log(step, last_train["loss"], force=last)
-      if last or _due(step, settings.eval_every):
-        run_eval()
-      if last or _due(step, settings.histogram_every):
-        run_inspect()
-      stop = step == settings.stop_at_step or preemption.requested(step)
-      if last or stop or _due(step, settings.checkpoint_every):
-        flush_metrics()
-        save()
-      if stop and not last:
-        logging.warning("stopping at step %d of %d (%s); resume with --resume", step,
-                        settings.num_steps, "stop_at_step" if step == settings.stop_at_step
-                        else "preemption")
+    if loop.step == 0:
+      loop.run_eval()
+      loop.run_inspect()
+    while loop.step < settings.num_steps:
+      loop.train_one(train_step, batch_at)
+      if not loop.periodic(preemption):
         completed = False
         break
-    if step == start.step and step == settings.num_steps and not last_eval:
-      run_eval()  # resumed at the final step from a checkpoint without an eval record
-  flush_metrics()
+    if loop.step == start.step == settings.num_steps and not loop.last_eval:
+      loop.run_eval()  # resumed at the final step from a checkpoint without an eval record
+  loop.flush_metrics()
   writer.flush()
-  wall = time.perf_counter() - t_start
-  return LoopResult(snapshot=Snapshot(state, rng, step, position, loop_record()),
-                    completed=completed, train_metrics=last_train, eval_metrics=last_eval,
-                    steps_per_s=steps_per_s(), wall_s=wall)
+  wall = time.perf_counter() - loop.t_start
+  return LoopResult(snapshot=Snapshot(loop.state, loop.rng, loop.step, loop.position,
+                                      loop.record()),
+                    completed=completed, train_metrics=loop.last_train,
+                    eval_metrics=loop.last_eval, steps_per_s=loop.steps_per_s(),
+                    wall_s=wall)
+
+
+class _Loop:
+  """The training loop's state between steps (train state, key, step, data position,
+  the last metrics, timing) and its periodic actions: log, evaluate, inspect,
+  checkpoint (:func:`run_loop` drives it)."""
+
+  def __init__(self, start: Snapshot, settings: LoopSettings, writer: MetricWriter,
+               checkpointer: Checkpointer | None,
+               evaluate: Callable[[Any], dict[str, float]] | None,
+               inspect: Callable[[Any], tuple[dict[str, np.ndarray], dict[str, float]]]
+               | None, provenance: dict[str, Any]):
+    self.state, self.rng = start.state, start.rng
+    self.step, self.position = start.step, start.data_position
+    self.settings, self.writer, self.checkpointer = settings, writer, checkpointer
+    self.evaluate, self.inspect = evaluate, inspect
+    self.progress = ProgressReporter(settings.num_steps, every_s=settings.progress_every_s)
+    self.pending: list[tuple[int, Metrics]] = []
+    # A resumed run starts from what the checkpoint recorded, so its results row carries
+    # the whole run's metrics and speed even when it resumes at the final step.
+    record = start.record or {}
+    self.last_train: dict[str, float] = dict(record.get("train_metrics", {}))
+    self.last_eval: dict[str, float] = dict(record.get("eval_metrics", {}))
+    self.timed = record.get("timing", {"steps": 0, "seconds": 0.0})
+    self.segments = _segments(record, self.step, provenance)
+    self.t_start = time.perf_counter()
+    self.first_step_s: float | None = None
+    if self.step > 0:
+      # Readers drop what the interrupted process logged past this run's checkpoint
+      # (TensorBoard's restart convention); the steps up to it stay.
+      writer.mark_restart(self.step + 1)
+
+  def steps_per_s(self) -> float:
+    """Over every timed step of the run so far, this process's and earlier ones'."""
+    now = self.progress.timed(self.step)
+    steps, seconds = self.timed["steps"] + now[0], self.timed["seconds"] + now[1]
+    return steps / seconds if steps > 0 and seconds > 0 else math.nan
+
+  def flush_metrics(self) -> None:
+    """Fetches the pending steps' metrics, writes them, and stops on a non-finite loss."""
+    if not self.pending:
+      return
+    settings = self.settings
+    fetched = jax.device_get([m for _, m in self.pending])
+    for (s, _), m in zip(self.pending, fetched):
+      self.last_train = {k: float(v) for k, v in m.items()}
+      if (settings.every_step_scalars or s == settings.num_steps
+          or _due(s, settings.log_every)):
+        self.writer.write_scalars(s, {train_tag(k): v for k, v in self.last_train.items()})
+      if not np.isfinite(self.last_train["loss"]):
+        self.writer.flush()
+        raise FloatingPointError(f"non-finite train loss {self.last_train['loss']} at "
+                                 f"step {s}")
+    self.pending.clear()
+
+  def run_eval(self) -> None:
+    if self.evaluate is None:
+      return
+    self.last_eval = {k: float(v) for k, v in self.evaluate(self.state.params).items()}
+    self.writer.write_scalars(self.step, {f"eval/{k}": v for k, v in self.last_eval.items()})
+    logging.info("eval step %d | %s", self.step,
+                 " | ".join(f"{k} {v:.4f}" for k, v in sorted(self.last_eval.items())))
+
+  def run_inspect(self) -> None:
+    if self.inspect is None:
+      return
+    histograms, scalars = self.inspect(self.state.params)
+    self.writer.write_histograms(self.step, histograms)
+    self.writer.write_scalars(self.step, scalars)
+
+  def record(self) -> dict[str, Any]:
+    """What a checkpoint and the final snapshot record besides the arrays."""
+    loss = self.last_train.get("loss", math.nan)
+    now = self.progress.timed(self.step)
+    return {"train_metrics": self.last_train, "eval_metrics": self.last_eval,
+            "segments": self.segments,
+            "timing": {"steps": self.timed["steps"] + now[0],
+                       "seconds": self.timed["seconds"] + now[1]},
+            "loss": loss if math.isfinite(loss) else None,
+            "healthy": bool(not self.last_train or (
+                math.isfinite(loss) and loss <= self.settings.max_healthy_loss))}
+
+  def save(self) -> None:
+    if self.checkpointer is not None:
+      self.checkpointer.save(Snapshot(self.state, self.rng, self.step, self.position,
+                                      self.record()))
+
+  def train_one(self, train_step: TrainStep, batch_at: Callable[[int], Batch]) -> None:
+    """One step: the batch at the data position, a fresh key, the metrics queued (the
+    first step's time written once it is done)."""
+    batch = batch_at(self.position)
+    self.rng, step_key = jax.random.split(self.rng)
+    self.state, metrics = train_step(self.state, batch, step_key)
+    self.step += 1
+    self.position += 1
+    self.pending.append((self.step, metrics))
+    if self.first_step_s is None:
+      jax.block_until_ready(metrics)
+      self.first_step_s = time.perf_counter() - self.t_start
+      self.writer.write_scalars(self.step, {"perf/first_step_s": self.first_step_s})
+      self.progress.start(self.step)
+
+  def periodic(self, preemption: PreemptionWatcher) -> bool:
+    """The actions due after this step (the last step runs all of them); False when the
+    loop stops early (``stop_at_step`` or a preemption), after a checkpoint."""
+    settings, step = self.settings, self.step
+    last = step == settings.num_steps
+    if last or _due(step, settings.log_every):
+      self.flush_metrics()
+      rate = self.progress.steps_per_s(step)
+      if rate == rate:
+        self.writer.write_scalars(step, {"perf/steps_per_s": rate})
+      self.progress.maybe_log(step, self.last_train["loss"], force=last)
+    if last or _due(step, settings.eval_every):
+      self.run_eval()
+    if last or _due(step, settings.histogram_every):
+      self.run_inspect()
+    stop = step == settings.stop_at_step or preemption.requested(step)
+    if last or stop or _due(step, settings.checkpoint_every):
+      self.flush_metrics()
+      self.save()
+    if stop and not last:
+      logging.warning("stopping at step %d of %d (%s); resume with --resume", step,
+                      settings.num_steps, "stop_at_step" if step == settings.stop_at_step
+                      else "preemption")
+      return False
+    return True
