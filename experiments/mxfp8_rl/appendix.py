@@ -281,9 +281,11 @@ def fault_table(sweep_dir: str) -> str:
     lines.append(f"| {fault} | {pair} | {INTENDED_CHECK.get(fault) or '— (see note)'} | "
                  f"{first_cell} | {', '.join(updates)} | {also_cell} | {stat_cell} | "
                  f"{parity_cell} |")
-  lines += ["", "*Note*: a transposed MX block axis serves the same E4M3 bits except for "
-            "elements below 2^-15 of their block's amax; where no check fired, the "
-            "bitwise statistic says how many elements differed."]
+  if any(config_value(info, a["name"], "planted_fault") == "transposed_block_axis"
+         for a in info["arms"]):
+    lines += ["", "*Note*: a transposed MX block axis serves the same E4M3 bits except "
+              "for elements below 2^-15 of their block's amax; where no check fired, the "
+              "bitwise statistic says how many elements differed."]
   return "\n".join(lines) + "\n"
 
 
