@@ -42,6 +42,7 @@ _REGISTRY: dict[str, str] = {
     "temperon_confirm": "experiments.temperon.sweeps:temperon_confirm",
     # The second round (issue 50): the claims that only ever had a pilot.
     "temperon_confirm2": "experiments.temperon.sweeps:temperon_confirm2",
+    "mxfp8_rl_faults_confirm": "experiments.mxfp8_rl.sweeps:mxfp8_rl_faults_confirm",
     # Untested claims of the seed papers, in miniature (issue 50).
     "kv_cache_weights": "experiments.kv_cache.sweeps:kv_cache_weights",
 }

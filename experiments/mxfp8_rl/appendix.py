@@ -281,9 +281,11 @@ def fault_table(sweep_dir: str) -> str:
     lines.append(f"| {fault} | {pair} | {INTENDED_CHECK.get(fault) or '— (see note)'} | "
                  f"{first_cell} | {', '.join(updates)} | {also_cell} | {stat_cell} | "
                  f"{parity_cell} |")
-  lines += ["", "*Note*: a transposed MX block axis serves the same E4M3 bits except for "
-            "elements below 2^-15 of their block's amax; where no check fired, the "
-            "bitwise statistic says how many elements differed."]
+  if any(config_value(info, a["name"], "planted_fault") == "transposed_block_axis"
+         for a in info["arms"]):
+    lines += ["", "*Note*: a transposed MX block axis serves the same E4M3 bits except "
+              "for elements below 2^-15 of their block's amax; where no check fired, the "
+              "bitwise statistic says how many elements differed."]
   return "\n".join(lines) + "\n"
 
 
@@ -417,6 +419,61 @@ def mxfp8_rl_appendix(sweep_dir: str) -> str:
   """The matched-vs-crossed sweep's appendix: :func:`mismatch_table` and
   :func:`clean_checks_table`."""
   return mismatch_table(sweep_dir) + clean_checks_table(sweep_dir)
+
+
+def detection_counts(sweep_dir: str) -> str:
+  """Markdown: the faults confirmatory round's declared counts, from the runs' events:
+  per fault arm, the runs whose bitwise (and same-recipe parity) check fired at the
+  fault's sync; per check, the clean runs' syncs at which it fired. Each with the exact
+  one-sided 95% upper bound on the rate that breaks the count (Clopper-Pearson)."""
+  from experiments.common.confirmatory import count_upper_bound  # pylint: disable=import-outside-toplevel
+  info, runs = completed_runs(sweep_dir)
+  fault_update = int(info["base"]["fault_update"])
+  lines = ["", "## Detections and false alarms (counts, declared before the runs)", "",
+           "*At the fault's sync*: the runs of each fault arm whose check fired at "
+           f"update {fault_update}, the sync the fault was planted at (all its seeds, "
+           "whatever look they ran in). *Clean syncs*: the syncs of the clean runs (every update) "
+           "at which each check fired, a false alarm. The bound is the exact one-sided "
+           "95% upper bound on the rate of runs (syncs) that would break the count "
+           "(Clopper-Pearson; `1 − 0.05^(1/n)` for none of n).", "",
+           "| count | runs (syncs) meeting it | 95% upper bound on the rate "
+           "breaking it |",
+           "|---|---|---|"]
+  pooled = {"bitwise": [0, 0], "parity": [0, 0]}
+  for arm in [a["name"] for a in info["arms"]]:
+    fault = str(config_value(info, arm, "planted_fault"))
+    seeds = runs.get(arm, {})
+    if fault == "none" or not seeds:
+      continue
+    for check in pooled:
+      hit = sum(fault_update in _fired(curves, check) for curves in seeds.values())
+      pooled[check][0] += hit
+      pooled[check][1] += len(seeds)
+      bound = count_upper_bound(len(seeds) - hit, len(seeds))
+      lines.append(f"| {fault}: {check} fired at update {fault_update} | {hit} of "
+                   f"{len(seeds)} | {bound:.3f} |")
+  for check, (hit, n) in pooled.items():
+    if n:
+      lines.append(f"| every fault: {check} fired at update {fault_update} | **{hit} of "
+                   f"{n}** | {count_upper_bound(n - hit, n):.3f} |")
+  clean = [s for a in info["arms"] if str(config_value(info, a["name"], "planted_fault"))
+           == "none" for s in runs.get(a["name"], {}).values()]
+  syncs = sum(len(s.get("sync/fired/coverage", [])) for s in clean)
+  for check in CHECKS:
+    alarms = sum(len(_fired(s, check)) for s in clean)
+    if syncs:
+      lines.append(f"| clean syncs: {check} silent | {syncs - alarms} of {syncs} | "
+                   f"{count_upper_bound(alarms, syncs):.3f} |")
+  return "\n".join(lines) + "\n"
+
+
+def faults_confirm_appendix(sweep_dir: str) -> str:
+  """The faults confirmatory sweep's appendix: the pilot beside each claim, the sizing,
+  the planted-fault table (:func:`fault_table`) and :func:`detection_counts`."""
+  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.mxfp8_rl.sweeps import FAULTS_CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
+  return (confirm_sections(sweep_dir, FAULTS_CONFIRM_PILOTS) + fault_table(sweep_dir)
+          + detection_counts(sweep_dir))
 
 
 def confirm_appendix(sweep_dir: str) -> str:

@@ -239,3 +239,84 @@ def mxfp8_rl_confirm() -> Sweep:
       "load (median over arms about 160 s), plus one warm start per seed: 4 arms x 10 "
       "seeds = 40 runs at most, about 55-65 min at --parallel=2. Nothing was shrunk.",
       report_dir="experiments/mxfp8_rl/report_confirm")
+
+
+# ---- The faults' confirmatory round (issue 50) ----------------------------------------
+
+# Fresh: the mxfp8_rl sweeps used 1-4, 11-14, 201-210 and timed on 100.
+FAULTS_CONFIRM_SEEDS = tuple(range(301, 309))
+FAULTS_CONFIRM_PLAN = SequentialPlan(batch=2, first=4, cap=8)  # looks at 4, 6, 8 seeds
+FAULTS_CONFIRM_PAIR = ("mxfp8", "mxfp8")
+# The pilot's undecided matched-pair faults whose probe can see them (stale_sync_1,
+# corrupted_scale) and its subtlest decided one (floor_vs_rceil: about 500 elements).
+# Cut for time (about an hour at --parallel=1): stale_sync_4 (stale_sync_1's mechanism,
+# twice the footprint), wrong_bf16_list (the plan check compares two plans: caught by
+# construction), dropped_tensor (a whole stale tensor, decided in the pilot), and
+# transposed_block_axis (its footprint, elements below 2^-15 of a block's amax, is the
+# warm start's, not the check's; the probe never saw it: k3 exactly 0 on 3 of 4 seeds).
+FAULTS_CONFIRM_FAULTS = ("stale_sync_1", "floor_vs_rceil", "corrupted_scale")
+BITWISE = "faults/max_after/bitwise_differing"
+PARITY_K3 = "faults/max_after/parity_k3"
+
+
+def _faults_confirm_claims() -> tuple[Claim, ...]:
+  """Per fault: the bitwise count rises above clean (not declared by the pilot), and the
+  pilot's own probe-k3 claim (same-recipe parity, exact gate)."""
+  pilot = {(c.arm, c.metric): c for c in mxfp8_rl_faults().claims}
+  clean = fault_arm_name("none", *FAULTS_CONFIRM_PAIR)
+  out = []
+  for f in FAULTS_CONFIRM_FAULTS:
+    arm = fault_arm_name(f, *FAULTS_CONFIRM_PAIR)
+    out.append(Claim(f"{f} raises the bitwise check's differing elements "
+                     f"({pair_name(*FAULTS_CONFIRM_PAIR)})", "worse", arm, clean, BITWISE,
+                     source="issue 18: the bit-exact sync check"))
+    out.append(pilot[(arm, PARITY_K3)])
+  return tuple(out)
+
+
+FAULTS_CONFIRM_PILOTS = {
+    c.text: Pilot("experiments/mxfp8_rl/report_faults", c.arm, c.baseline,
+                  declared=c.metric == PARITY_K3) for c in _faults_confirm_claims()}
+
+
+def mxfp8_rl_faults_confirm() -> Sweep:
+  """The planted-fault claims on the matched pair, sequentially, on fresh seeds."""
+  pilot = mxfp8_rl_faults()
+  claims = _faults_confirm_claims()
+  named = {a for c in claims for a in (c.arm, c.baseline)}
+  return dataclasses.replace(
+      pilot, name="mxfp8_rl_faults_confirm", seeds=FAULTS_CONFIRM_SEEDS,
+      calibration_seeds=(), arms=tuple(a for a in pilot.arms if a.name in named),
+      baseline=fault_arm_name("none", *FAULTS_CONFIRM_PAIR), claims=claims,
+      sequential=FAULTS_CONFIRM_PLAN,
+      appendix="experiments.mxfp8_rl.appendix:faults_confirm_appendix",
+      description="Confirmatory round (issue 50) of the planted-fault claims of the "
+      "pilot (`experiments/mxfp8_rl/report_faults`, seeds 11-14), on fresh seeds 301-308 "
+      "with the pilot's model, task, 64 updates, fault at update 32, and arm configs, on "
+      "the matched pair L-mxfp8_S-mxfp8 only (whose parity gate is exact; the crossed "
+      "pair's probe cannot tell a fault from its own noise, as the pilot found). Three "
+      "faults: stale_sync_1 and corrupted_scale (the pilot's probe-k3 claims left them "
+      "undecided) and floor_vs_rceil (decided, the subtlest). Per fault two claims, "
+      "paired by seed against the clean run on the same rollout stream: the bitwise "
+      "check's differing served elements after the fault rise above clean "
+      "(`faults/max_after/bitwise_differing`, never declared by the pilot: 56 of 56 "
+      "there), and the pilot's claim that the probe k3 rises "
+      "(`faults/max_after/parity_k3`). The appendix counts, per run, the check that "
+      "fired at the fault's sync and every alarm on the clean runs (declared counts: "
+      "the bitwise check fires at update 32 in every fault run; no check fires at any "
+      "clean sync), with exact 95% bounds. The runs record under the library's gates "
+      "now (padding 0.7, the pilot's 0.1); the claims' statistics do not depend on "
+      "gates. **Plan** (declared before the first run): O'Brien-Fleming-type spending "
+      "at level 0.05, looks at 4, 6 and 8 seeds. **Sizing**: at the pilot's paired "
+      "effects and spreads, a simulation of this plan (4000 sweeps) decides each bitwise "
+      "claim at the first look (probability 1.00; corrupted_scale's 32 elements had sd "
+      "0) and the k3 claims with probability 0.99 (floor_vs_rceil, 1.9 sd), 0.82 "
+      "(corrupted_scale, 1.2 sd) and 0.55 (stale_sync_1, 0.9 sd, one seed's 0.024 "
+      "against 0.001-0.006: heavy-tailed). **In time**: a pilot run of these arms took "
+      "38-136 s (median about 90 s) at --parallel=1 on a loaded 2-core machine, plus a "
+      "warm start per seed (800-2200 steps): the first look is 16 runs and 4 warm "
+      "starts (about 30 min), each later look at most 8 runs and 2 warm starts (about "
+      "15 min): at most 32 runs (29 expected in the simulation), about 60 min. Cut "
+      "to fit: the crossed pair and four of the seven faults (`FAULTS_CONFIRM_FAULTS` "
+      "says why each), not the runs' length or the seeds.",
+      report_dir="experiments/mxfp8_rl/report_confirm_faults")

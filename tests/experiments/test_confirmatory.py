@@ -24,7 +24,8 @@ from launch import registry, sequential_runner
 from launch.manifest import expand, write_manifest
 from launch.report import build_report, claim_verdict
 
-# The confirmatory rounds: <paper>_confirm, and a later round <paper>_confirm2, ...
+# The confirmatory rounds: <paper>_confirm, a later round <paper>_confirm2, ..., and a
+# round of another pilot sweep of the paper, <paper>_<pilot>_confirm (mxfp8_rl_faults).
 CONFIRM = tuple(n for n in registry.names() if re.fullmatch(r".*_confirm\d*", n))
 PILOT_REPORTS = ("alto/report", "alto/report_negative", "fair_cast/report",
                  "kv_cache/report", "looped_rl/report", "optimizer_state/report",
@@ -43,15 +44,26 @@ def _paper(sweep):
   return sweep.module.split(".")[1]
 
 
+def _parts(name):
+  """(pilot, round): ``("", "")`` for <paper>_confirm, ``("", "2")`` for
+  <paper>_confirm2, ``("faults", "")`` for <paper>_faults_confirm."""
+  rest = name[len(_paper(registry.get(name))) + 1:]
+  pilot, round_ = re.fullmatch(r"(?:(\w+)_)?confirm(\d*)", rest).groups()
+  return pilot or "", round_
+
+
 def _round(name):
-  """``""`` for <paper>_confirm, ``"2"`` for <paper>_confirm2."""
-  return re.fullmatch(r".*_confirm(\d*)", name).group(1)
+  """The report folder's suffix: ``""``, ``"2"``, ``"_faults"``."""
+  pilot, round_ = _parts(name)
+  return (f"_{pilot}" if pilot else "") + round_
 
 
 def _pilots(name):
   sweep = registry.get(name)
+  pilot, round_ = _parts(name)
+  prefix = f"{pilot.upper()}_" if pilot else ""
   return getattr(importlib.import_module(f"experiments.{_paper(sweep)}.sweeps"),
-                 f"CONFIRM{_round(name)}_PILOTS")
+                 f"{prefix}CONFIRM{round_}_PILOTS")
 
 
 def test_every_paper_of_the_issue_has_a_confirmatory_sweep():

@@ -34,6 +34,7 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "memoir/report", "memoir/report/long", "memoir/report_confirm",
            "kv_cache/report_confirm",
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
+           "mxfp8_rl/report_confirm_faults",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
            "looped_rl/report_confirm", "memoir/report_energy", "kv_cache/report_weights")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")

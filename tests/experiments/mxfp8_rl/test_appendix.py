@@ -183,3 +183,51 @@ def test_every_arm_is_a_valid_config(name):
   sweep = registry.get(name)
   for arm in sweep.arms:
     dataclasses.replace(sweep.base, **arm.overrides, seed=sweep.seeds[0])
+
+
+def test_faults_confirm_declaration():
+  """The matched pair only, each kept fault with its bitwise and its pilot k3 claim."""
+  sweep = registry.get("mxfp8_rl_faults_confirm")
+  assert sweep.base == registry.get("mxfp8_rl_faults").base
+  assert {a.name for a in sweep.arms} == {"clean_L-mxfp8_S-mxfp8"} | {
+      f"{f}_L-mxfp8_S-mxfp8" for f in sweeps.FAULTS_CONFIRM_FAULTS}
+  assert sorted((c.arm, c.metric) for c in sweep.claims) == sorted(
+      (f"{f}_L-mxfp8_S-mxfp8", m) for f in sweeps.FAULTS_CONFIRM_FAULTS
+      for m in (sweeps.BITWISE, sweeps.PARITY_K3))
+  assert all(c.kind == "worse" and c.baseline == sweep.baseline for c in sweep.claims)
+  assert {c.metric for c in sweep.claims} <= set(sweep.metrics)
+  assert sweep.sequential.looks() == (4, 6, 8)
+
+
+def test_detection_counts_on_planted_runs(tmp_path):
+  """Made-up events: a fault caught at its sync on one seed and a sync late on the
+  other; one clean seed with a false alarm (an independent count of each row)."""
+  full = registry.get("mxfp8_rl_faults_confirm")
+  keep = ("clean_L-mxfp8_S-mxfp8", "stale_sync_1_L-mxfp8_S-mxfp8")
+  base = dataclasses.replace(full.base, num_updates=8, fault_update=4)
+  sweep = dataclasses.replace(full, base=base, arms=tuple(
+      a for a in full.arms if a.name in keep), claims=(), sequential=None)
+  runs = expand(sweep, str(tmp_path))
+  write_manifest(sweep, runs, str(tmp_path))
+  for r in runs:
+    if r.seed not in (301, 302):
+      continue
+    stale = r.arm.startswith("stale")
+    w = MetricWriter(r.workdir)
+    for u in range(8):
+      values = {f"sync/fired/{c}": 0.0 for c in CHECKS}
+      if stale and u >= (4 if r.seed == 301 else 5):
+        values["sync/fired/bitwise"] = 1.0
+      if not stale and r.seed == 302 and u == 2:
+        values["sync/fired/padding"] = 1.0
+      w.write_scalars(u + 1 if u else 0, values)
+      if u:
+        w.write_scalars(u, {"train/reward": 0.3})
+    w.write_scalars(8, {"train/reward": 0.3})
+    w.close()
+  rows = {row[0]: row[1:] for row in _table(appendix.detection_counts(str(tmp_path)),
+                                            "Detections")}
+  assert rows["stale_sync_1: bitwise fired at update 4"] == ["1 of 2", "0.975"]
+  assert rows["every fault: parity fired at update 4"] == ["**0 of 2**", "1.000"]
+  assert rows["clean syncs: bitwise silent"] == ["16 of 16", f"{1 - 0.05 ** (1 / 16):.3f}"]
+  assert rows["clean syncs: padding silent"][0] == "15 of 16"
