@@ -48,6 +48,8 @@ setup(
             "hypothesis>=6.150",
             "scikit-learn>=1.9",
             "pytest-xdist>=3.8",
+            # Tests only: the oracle of convention="qwix" (never imported by the library).
+            "qwix==0.1.8",
         ],
         # Deviceless compilation for H200/B200 and TPU v5e/v6e
         # (python -m lowprec.numerics.kernels.compile_check).
