@@ -33,7 +33,8 @@ setup(
     package_dir={"lowprec": "lowprec", "lowprec.numerics": "numerics",
                  "lowprec.models": "models"},
     package_data={"lowprec.numerics": ["kernels/targets/*.txtpb",
-                                       "kernels/compile_requirements.txt"]},
+                                       "kernels/compile_requirements.txt",
+                                       "conformance/vectors.json.gz"]},
     install_requires=[
         "jax>=0.10.2",
         "optax>=0.2.8",

@@ -22,15 +22,16 @@ use these rules are in :mod:`numerics.mx`.
 
 ``qwix`` (not one of ``SCALE_RULES``: chosen by ``convention="qwix"`` in
 :func:`numerics.mx.quantize_mx`, for E4M3 and E2M1 only) is qwix 0.1.8's
-``compute_scale_zero_point`` as written: ``s = amax / max`` rounded to float32,
-``s = 1`` where ``s < 2^-63`` (zero and tiny blocks: code 127), ``e = ceil(log2 s)``
-with ``jnp.log2`` (``log(s) / log(2)`` in float32). That is ``rceil`` except where the
-float32 logarithm is inexact: at ``s = 2^k`` for some ``k`` it gives ``k + 1`` (one
-binade coarser) and just above ``2^k`` it gives ``k`` (the largest elements saturate).
-Which ``k`` depends on the backend's float32 ``log``, as qwix's own scale does (on
-XLA:CPU, ``k + 1`` at ``k`` in {-62, -60, -57, -54, -52, -49, -31, -30, -27, -26, -15,
--13}). The division is exact (:func:`numerics.float_bits.div_rn_idiv`: XLA:CPU's IEEE
-division, on every backend).
+``compute_scale_zero_point`` as XLA:CPU runs it: ``s = amax / max``, which XLA:CPU
+computes as ``amax * (1/max)`` (both float32 roundings: it turns a division by a
+constant into a multiplication by the rounded reciprocal; measured), ``s = 1`` where
+``s < 2^-63`` (zero and tiny blocks: code 127), ``e = ceil(log2 s)`` with ``jnp.log2``
+(``log(s) / log(2)`` in float32). That is ``rceil`` of ``s`` except where ``s`` or the
+float32 logarithm rounds across a power of two: just above ``2^k`` the logarithm
+rounds to ``k`` (the largest elements saturate), and at ``s = 2^k`` it is above ``k``
+for some ``k`` (one binade coarser; on XLA:CPU ``k`` in {-62, -60, -57, -54, -52, -49,
+-31, -30, -27, -26, -15, -13}). Which ``k`` depends on the backend's float32 ``log``,
+as qwix's own scale does.
 """
 
 from __future__ import annotations
@@ -108,10 +109,12 @@ def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
 
 def qwix_scale_code(amax_bits: jax.Array, fmt: formats_lib.Format) -> jax.Array:
   """E8M0 code (int32, in [64, 254]) of qwix 0.1.8's MX scale for block amax bits
-  (finite, >= 0): ``2^ceil(log2(amax / max))``, and 2^0 where ``amax / max < 2^-63``
-  (zero blocks included). See the module docstring."""
+  (finite, >= 0): ``2^ceil(log2(amax * (1/max)))``, and 2^0 where ``amax / max <
+  2^-63`` (zero blocks included). See the module docstring."""
   amax = lax.bitcast_convert_type(amax_bits, jnp.float32)
-  s = float_bits.div_rn_idiv(amax, np.float32(fmt.max))
+  # A float32 product of normal numbers rounds alike on every backend; a subnormal amax
+  # (which XLA:CPU reads as zero) or product falls below the threshold either way.
+  s = amax * (np.float32(1.0) / np.float32(fmt.max))
   # Compared as bits: a float32 subnormal quotient is below the threshold either way.
   tiny = lax.bitcast_convert_type(s, jnp.uint32) < _QWIX_TINY.view(np.uint32)
   s = jnp.where(tiny, np.float32(1.0), s)

@@ -1,14 +1,22 @@
 """NVFP4's qwix convention: qwix 0.1.8's ``nvfp4`` qtype, which has no tensor scale.
 
 qwix (``qarray.compute_scale_zero_point`` and ``quantize_with_scale_zero_point``, float32
-input, absmax calibration over 1x16 tiles) computes, per block:
+input, absmax calibration over 1x16 tiles) computes, per block, as XLA:CPU runs it:
 
-* ``s = amax / 6`` in float32, ``s = 1`` where ``s < 2^-63`` (zero blocks included);
+* ``s = amax / 6``, which XLA:CPU computes as ``amax * (1/6)`` (two float32 roundings),
+  ``s = 1`` where ``s < 2^-63`` (zero blocks included);
 * ``s = e4m3(clip(s, -448, 448))``, round to nearest even, E4M3 subnormals included: a
   block with ``amax`` below ``6 * 2^-10`` gets scale 0 (no tensor scale lifts it);
-* elements ``e2m1(clip(x / s, -6, 6))``: a float32 division (one rounding), then round to
+* elements ``e2m1(clip(x / s, -6, 6))``, where XLA:CPU computes ``x / s`` (a divisor
+  broadcast over the block) as ``x * (1/s)`` (two float32 roundings), then rounds to
   nearest even onto E2M1;
 * dequantized ``e2m1 * s``.
+
+XLA:CPU turns a division by a constant or by a broadcast divisor into a multiplication
+by the float32 reciprocal (measured: ``x / 448.0`` equals ``x * float32(1/448)`` on
+every input, and IEEE ``x / 448`` on 44% of them); we reproduce that. An XLA backend
+that divides (GPUs) gives qwix's formula other bits where the quotient is within an ulp
+of a rounding boundary.
 
 Where qwix's arithmetic leaves the finite numbers, we reproduce what XLA:CPU gives it
 (tested against qwix): a zero scale makes ``x / 0`` an Inf (nonzero ``x``: saturates to
@@ -21,9 +29,9 @@ the NaN, which XLA:CPU's vectorized max does in small arrays and not in large on
 (there qwix quantizes the block against the other elements and stores the NaN as code
 8, ``-0``).
 
-Divisions are :func:`numerics.float_bits.div_rn_idiv` (IEEE round to nearest even, XLA:CPU's
-float32 division for normal operands), so the bits are the same on every backend.
-Runs on the jnp path only (no Pallas kernel).
+The reciprocals are :func:`numerics.float_bits.div_rn_idiv` (IEEE) and the products have
+normal operands (subnormal ones, and subnormal products, give E2M1 zeros either way),
+so the bits are the same on every backend. Runs on the jnp path only (no Pallas kernel).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ def qwix_block_scales(block_amax_bits: jax.Array) -> tuple[jax.Array, jax.Array]
   inf_blk = block_amax_bits == _U(0x7F800000)
   amax = lax.bitcast_convert_type(jnp.where(nan_blk | inf_blk, _U(0), block_amax_bits),
                                   jnp.float32)
-  s = float_bits.div_rn_idiv(amax, np.float32(6.0))
+  s = amax * (np.float32(1.0) / np.float32(6.0))  # XLA:CPU's amax / 6
   s = jnp.where(lax.bitcast_convert_type(s, jnp.uint32) < _TINY_BITS, np.float32(1.0), s)
   s = jnp.where(inf_blk, np.float32(448.0), jnp.minimum(s, np.float32(448.0)))
   s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
@@ -77,14 +85,16 @@ def nvfp4_qwix_quantize_core(xp: jax.Array, axes: tuple[int, ...],
   zero_scale = s_full == 0  # s is 0 or at least 2^-9: no subnormal compare
   # Infs (only in blocks of scale 448) become FLT_MAX, whose quotient saturates to 6.
   a_fin = jnp.where(a >= _U(0x7F800000), _U(np.float32(_FLT_MAX).view(np.uint32)), a)
-  q = float_bits.div_rn_idiv(lax.bitcast_convert_type(a_fin, jnp.float32),
-                             jnp.where(zero_scale | nan_full, np.float32(1.0), s_full))
-  qb = lax.bitcast_convert_type(q, jnp.uint32)
+  x_zero = a < _U(0x00800000)  # zero or subnormal: XLA:CPU reads both as zero
+  rcp = float_bits.div_rn_idiv(np.float32(1.0),
+                               jnp.where((s == 0) | nan_blk, np.float32(1.0), s))
+  rcp_full = jnp.broadcast_to(rcp, bshape).reshape(xp.shape)
+  q = lax.bitcast_convert_type(a_fin, jnp.float32) * rcp_full  # XLA:CPU's x / s
+  qb = jnp.where(x_zero, _U(0), lax.bitcast_convert_type(q, jnp.uint32))
   elem = block_layout.round_elements(qb, b >> 31, f, 0, rounding, words, rand_bits)
   elem_f = lax.bitcast_convert_type(elem, jnp.float32)
   codes = encoding.encode(elem_f, f)
   # x / 0: Inf for x != 0 (saturates to +-6), NaN for x == 0 or subnormal (code 8).
-  x_zero = a < _U(0x00800000)
   six = jnp.where(b >> 31 == 1, np.uint8(15), np.uint8(7))
   codes = jnp.where(zero_scale, jnp.where(x_zero, _NAN_E2M1, six), codes)
   codes = jnp.where(nan_full, _NAN_E2M1, codes)
