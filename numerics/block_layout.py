@@ -131,8 +131,8 @@ def _check_layout_fields(q: QuantizedArray) -> None:
   if q.scale_fmt == "e8m0" and (q.fmt not in MX_ELEMENT_FORMATS
                                 or q.scale_rule not in SCALE_RULES + (QWIX_RULE,)):
     raise ValueError(f"an E8M0-scaled QuantizedArray is MX (fmt in {MX_ELEMENT_FORMATS}, "
-                     f"scale_rule in {SCALE_RULES + (QWIX_RULE,)}), got fmt {q.fmt!r}, scale_rule "
-                     f"{q.scale_rule!r}")
+                     f"scale_rule in {SCALE_RULES + (QWIX_RULE,)}), got fmt {q.fmt!r}, "
+                     f"scale_rule {q.scale_rule!r}")
   shape, axes, blocks = q.shape, q.axes, q.block_shape
   if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
     raise ValueError(f"QuantizedArray shape must be a tuple of ints >= 0, got {shape!r}")

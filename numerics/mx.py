@@ -46,8 +46,9 @@ from lowprec.numerics import mx_scales
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import QuantizedArray
-from lowprec.numerics.mx_scales import (MX_CONVENTIONS, MX_ELEMENT_FORMATS, QWIX_MX_FORMATS,
-                                        QWIX_RULE, SCALE_RULES, ScaleRule)
+from lowprec.numerics.mx_scales import (MX_CONVENTIONS, MX_ELEMENT_FORMATS,
+                                        QWIX_MX_FORMATS, QWIX_RULE, SCALE_RULES,
+                                        ScaleRule)
 
 _U = np.uint32
 _POISON = np.int32(1 << 20)  # beyond every block's grid exponent

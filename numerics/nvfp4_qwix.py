@@ -19,15 +19,15 @@ that divides (GPUs) gives qwix's formula other bits where the quotient is within
 of a rounding boundary.
 
 Where qwix's arithmetic leaves the finite numbers, we reproduce what XLA:CPU gives it
-(tested against qwix): a zero scale makes ``x / 0`` an Inf (nonzero ``x``: saturates to
-``+-6``, code 7 or 15) or a NaN (``x`` zero, or a float32 subnormal, which XLA:CPU reads as
-zero: E2M1 has no NaN and the cast stores code 8, ``-0``); so such a block dequantizes to
-signed zeros. A block holding Inf gets scale 448 (its Infs saturate to ``+-6``, the rest
-quantize against 448). A block holding NaN gets the NaN scale (E4M3 0x7F) and element
-codes 8, and dequantizes to NaN: what qwix gives when its amax (``jnp.max``) propagates
-the NaN, which XLA:CPU's vectorized max does in small arrays and not in large ones
-(there qwix quantizes the block against the other elements and stores the NaN as code
-8, ``-0``).
+(tested against qwix): a zero scale makes ``x / 0`` an Inf (nonzero ``x``: saturates
+to ``+-6``, code 7 or 15) or a NaN (``x`` zero, or a float32 subnormal, which XLA:CPU
+reads as zero: E2M1 has no NaN and the cast stores code 8, ``-0``); so such a block
+dequantizes to signed zeros. A block holding Inf gets scale 448 (its Infs saturate to
+``+-6``, the rest quantize against 448). A block holding NaN gets the NaN scale (E4M3
+0x7F) and element codes 8, and dequantizes to NaN: what qwix gives when its amax
+(``jnp.max``) propagates the NaN, which XLA:CPU's vectorized max does in small arrays
+and not in large ones (there qwix quantizes the block against the other elements and
+stores the NaN as code 8, ``-0``).
 
 The reciprocals are :func:`numerics.float_bits.div_rn_idiv` (IEEE) and the products have
 normal operands (subnormal ones, and subnormal products, give E2M1 zeros either way),
