@@ -14,9 +14,9 @@ input, absmax calibration over 1x16 tiles) computes, per block, as XLA:CPU runs 
 
 XLA:CPU turns a division by a constant or by a broadcast divisor into a multiplication
 by the float32 reciprocal (measured: ``x / 448.0`` equals ``x * float32(1/448)`` on
-every input, and IEEE ``x / 448`` on 44% of them); we reproduce that. An XLA backend
-that divides (GPUs) gives qwix's formula other bits where the quotient is within an ulp
-of a rounding boundary.
+every input, and IEEE ``x / 448`` on 44% of them); we reproduce that. A backend whose
+XLA divides instead (not measured: no GPU in this test environment) would give qwix
+other bits where a quotient is within an ulp of a rounding boundary.
 
 Where qwix's arithmetic leaves the finite numbers, we reproduce what XLA:CPU gives it
 (tested against qwix): a zero scale makes ``x / 0`` an Inf (nonzero ``x``: saturates
