@@ -19,7 +19,8 @@ bits ``m``):
 * NaN and +-Inf blocks.
 
 NVFP4 tensors add blocks far below the tensor amax (E4M3 scales subnormal, clamped or
-zero) and a tensor whose blocks all round to a zero qwix scale.
+zero), a tensor whose blocks all round to a zero qwix scale, and E2M1 ties of ``x / s``
+that a float32 reciprocal ``x * (1/s)`` rounds past.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def nvfp4_inputs() -> dict[str, np.ndarray]:
   edges = [np.array([[0.0, -0.0] * 8], np.float32), _blocks(_tie_values(f), w, 4.0)]
   edges += [_blocks([a / 3, -a / 2, a * 0.75, 0.0], w, a)
             for a in (6.0, _up(6.0), 7.0, 448.0 * 6, 448.0 * 6.5, 2.0 ** 12)]
+  # Scale 0.9375: x / s is an E2M1 tie (1.25, 2.5) that x * (1/s) rounds above.
+  edges.append(_blocks([1.171875, -1.171875, 2.34375], w, 5.625))
   wide = [_blocks([a / 3, -a / 2, a / 6 * 5, 0.0, -0.0], w, a) for a in
           (1.0, 2.0 ** -4, 2.0 ** -8, 6 * 2.0 ** -10, _up(6 * 2.0 ** -10),
            _down(6 * 2.0 ** -10), 2.0 ** -12, 2.0 ** -16, 2.0 ** -20, 6 * 2.0 ** -63,

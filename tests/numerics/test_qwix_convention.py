@@ -143,3 +143,18 @@ def test_bad_convention_arguments_raise_one_line(call, match):
   with pytest.raises(ValueError, match=match) as e:
     call(jnp.ones((2, 32), jnp.float32))
   assert "\n" not in str(e.value)
+
+
+def test_nvfp4_elements_round_as_xla_cpu_divides():
+  """XLA:CPU computes qwix's ``x / s`` (s broadcast over the block) as ``x * (1/s)``:
+  with s = 0.9375 (amax 5.625), x = 1.171875 is the E2M1 tie 1.25 under IEEE division
+  (to even: 1.0, code 2) but 1.2500001 after the reciprocal (1.5, code 3). An IEEE
+  division gave code 2 here before the convention modelled the reciprocal."""
+  x = np.zeros((256, 64), np.float32)  # _random_rows' shape: one NVFP4 compilation
+  x[0, :2] = [5.625, 1.171875]
+  codes, scales, deq = qwix_oracle.quantize(x, "nvfp4")
+  ours = _ours("nvfp4", "e2m1", x)
+  assert scales[0] == 0x37 and codes[0, 1] == 3  # E4M3 0.9375; E2M1 1.5
+  assert np.float32(1.171875) / np.float32(0.9375) == np.float32(1.25)
+  np.testing.assert_array_equal(ours[0], codes)
+  np.testing.assert_array_equal(_bits(ours[2]), _bits(deq))
