@@ -158,3 +158,17 @@ def test_nvfp4_elements_round_as_xla_cpu_divides():
   assert np.float32(1.171875) / np.float32(0.9375) == np.float32(1.25)
   np.testing.assert_array_equal(ours[0], codes)
   np.testing.assert_array_equal(_bits(ours[2]), _bits(deq))
+
+
+def test_nvfp4_grid_multipliers_flag_qwix_clamped_blocks():
+  """Telemetry: a nonzero block whose qwix scale rounded to zero, or was lowered to 448,
+  counts as clamped; elsewhere the multiplier is 1/s."""
+  x = np.zeros((256, 64), np.float32)
+  x[0, :2] = [1e-3, -2e-3]  # scale 0
+  x[1, :2] = [1e5, -3.0]  # amax / 6 > 448
+  x[2, :2] = [5.625, 1.0]  # scale 0.9375
+  mult, clamped = blockscale.nvfp4_grid_multipliers(jnp.asarray(x), convention="qwix")
+  clamped = np.asarray(clamped)
+  assert clamped[0, 0] and clamped[1, 0] and clamped.sum() == 2
+  assert np.isinf(np.asarray(mult)[0, 0])
+  assert np.asarray(mult)[2, 0] == np.float32(1) / np.float32(0.9375)
