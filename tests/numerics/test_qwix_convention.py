@@ -4,7 +4,7 @@ qwix is a test dependency (the ``dev`` extra). The conformance edge blocks (zero
 ties, saturation, power-of-two edges, float32 subnormals, tiny, huge, NaN/Inf) are
 held to qwix in tests/numerics/test_conformance.py; here, random blocks of every
 magnitude, the special blocks one by one (where qwix's arithmetic leaves the finite
-numbers, what it gives and what we give), and the argument checks. About 10 s.
+numbers, what it gives and what we give), and the argument checks. About 7 s.
 """
 
 import jax.numpy as jnp
