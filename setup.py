@@ -33,7 +33,8 @@ setup(
     package_dir={"lowprec": "lowprec", "lowprec.numerics": "numerics",
                  "lowprec.models": "models"},
     package_data={"lowprec.numerics": ["kernels/targets/*.txtpb",
-                                       "kernels/compile_requirements.txt"]},
+                                       "kernels/compile_requirements.txt",
+                                       "conformance/vectors.json.gz"]},
     install_requires=[
         "jax>=0.10.2",
         "optax>=0.2.8",
@@ -48,6 +49,8 @@ setup(
             "hypothesis>=6.150",
             "scikit-learn>=1.9",
             "pytest-xdist>=3.8",
+            # Tests only: the oracle of convention="qwix" (never imported by the library).
+            "qwix==0.1.8",
         ],
         # Deviceless compilation for H200/B200 and TPU v5e/v6e
         # (python -m lowprec.numerics.kernels.compile_check).

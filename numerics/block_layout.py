@@ -35,14 +35,15 @@ from lowprec.numerics import encoding
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
-from lowprec.numerics.mx_scales import MX_BLOCK, MX_ELEMENT_FORMATS, SCALE_RULES
+from lowprec.numerics.mx_scales import (MX_BLOCK, MX_ELEMENT_FORMATS, QWIX_RULE,
+                                        SCALE_RULES)
 
 _U = np.uint32
 
 NVFP4_BLOCK = 16  # elements per E4M3 block scale
-NVFP4_CONVENTIONS = ("te", "torchao")
+NVFP4_CONVENTIONS = ("te", "torchao", "qwix")
 # The scale_rule a QuantizedArray of each NVFP4 convention records.
-NVFP4_SCALE_RULES = {"te": "nvfp4", "torchao": "nvfp4_torchao"}
+NVFP4_SCALE_RULES = {"te": "nvfp4", "torchao": "nvfp4_torchao", "qwix": "nvfp4_qwix"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +129,10 @@ def _check_layout_fields(q: QuantizedArray) -> None:
                      f"in {tuple(NVFP4_SCALE_RULES.values())}), got fmt {q.fmt!r}, "
                      f"scale_rule {q.scale_rule!r}")
   if q.scale_fmt == "e8m0" and (q.fmt not in MX_ELEMENT_FORMATS
-                                or q.scale_rule not in SCALE_RULES):
+                                or q.scale_rule not in SCALE_RULES + (QWIX_RULE,)):
     raise ValueError(f"an E8M0-scaled QuantizedArray is MX (fmt in {MX_ELEMENT_FORMATS}, "
-                     f"scale_rule in {SCALE_RULES}), got fmt {q.fmt!r}, scale_rule "
-                     f"{q.scale_rule!r}")
+                     f"scale_rule in {SCALE_RULES + (QWIX_RULE,)}), got fmt {q.fmt!r}, "
+                     f"scale_rule {q.scale_rule!r}")
   shape, axes, blocks = q.shape, q.axes, q.block_shape
   if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
     raise ValueError(f"QuantizedArray shape must be a tuple of ints >= 0, got {shape!r}")

@@ -8,7 +8,8 @@ block's amax under a scale rule (:mod:`numerics.mx_scales`: ``floor``, OCP's, by
 default). Elements are ``x / 2^e`` rounded once (RNE by default, or stochastic, or
 toward zero) with saturation to ``+-max``.
 
-Special blocks (tested):
+Special blocks (tested; ``convention="qwix"`` differs, see :mod:`numerics.mx_scales`:
+zero and tiny blocks get scale code 127, NaN/Inf blocks are as below):
 
 * all-zero block: scale code 0 (2^-127), zero elements (as microxcaling and torchao,
   which take log2 of amax plus the smallest normal);
@@ -45,7 +46,9 @@ from lowprec.numerics import mx_scales
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import QuantizedArray
-from lowprec.numerics.mx_scales import MX_ELEMENT_FORMATS, SCALE_RULES, ScaleRule
+from lowprec.numerics.mx_scales import (MX_CONVENTIONS, MX_ELEMENT_FORMATS,
+                                        QWIX_MX_FORMATS, QWIX_RULE, SCALE_RULES,
+                                        ScaleRule)
 
 _U = np.uint32
 _POISON = np.int32(1 << 20)  # beyond every block's grid exponent
@@ -154,19 +157,32 @@ def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
 
 
 def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
-             fn):
-  """Validated (format name, float32 x, axes, blocks) for the MX entry points."""
+             fn, convention="ocp"):
+  """Validated (format name, float32 x, axes, blocks, scale rule) for the MX entry
+  points; the scale rule is ``qwix``'s under ``convention="qwix"``."""
   f = formats_lib.get(fmt)
   if f.name not in MX_ELEMENT_FORMATS:
     raise ValueError(f"MX element format must be one of {MX_ELEMENT_FORMATS}, got "
                      f"{f.name!r}")
-  if scale_rule not in SCALE_RULES:
+  if convention not in MX_CONVENTIONS:
+    raise ValueError(f"MX convention must be one of {MX_CONVENTIONS}, got {convention!r}")
+  if convention == "qwix":
+    if f.name not in QWIX_MX_FORMATS:
+      raise ValueError(f"convention='qwix' has mxfp8 (e4m3) and mxfp4 (e2m1) only, got "
+                       f"{f.name!r}")
+    if scale_rule is not None:
+      raise ValueError(f"convention='qwix' has its own scale rule; leave scale_rule "
+                       f"unset, got {scale_rule!r}")
+    scale_rule = QWIX_RULE
+  elif scale_rule is None:
+    scale_rule = "floor"
+  elif scale_rule not in SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: "
                      f"{', '.join(SCALE_RULES)}")
   rounding_lib.check_rounding_args(rounding, key, rand_bits, rng)
   x = block_layout.check_block_input(x, fn)
   axes, blocks = block_layout.resolve_layout(x.ndim, block_shape, axis)
-  return f.name, x, axes, blocks
+  return f.name, x, axes, blocks, scale_rule
 
 
 _MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
@@ -189,9 +205,10 @@ def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, 
 def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                            block_shape: int | Sequence[int] | None = None,
                            axis: int | Sequence[int] | None = None,
-                           scale_rule: ScaleRule = "floor", rounding: str = "nearest",
-                           key: jax.Array | None = None, rand_bits: int | None = None,
-                           pad: bool = False, rng: random_bits_lib.Method = "hash"
+                           scale_rule: ScaleRule | None = None,
+                           rounding: str = "nearest", key: jax.Array | None = None,
+                           rand_bits: int | None = None, pad: bool = False,
+                           rng: random_bits_lib.Method = "hash", convention: str = "ocp"
                            ) -> jax.Array:
   """``dequantize(quantize_mx(x, ...))`` without forming codes (fake quantization).
 
@@ -200,8 +217,9 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   two-step form (tested). Arguments as :func:`quantize_mx`; returns float32.
   Gradient: straight-through (the cotangent, in x's dtype).
   """
-  fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
-                                    key, rand_bits, rng, "quantize_dequantize_mx")
+  fmt, x32, axes, blocks, scale_rule = _mx_args(
+      x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
+      "quantize_dequantize_mx", convention)
   out = _qdq_mx(jnp.asarray(x), key, fmt=fmt, axes=axes, blocks=blocks,
                 scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
                 rng=rng)
@@ -227,10 +245,10 @@ def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, 
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                 block_shape: int | Sequence[int] | None = None,
                 axis: int | Sequence[int] | None = None,
-                scale_rule: ScaleRule = "floor", rounding: str = "nearest",
+                scale_rule: ScaleRule | None = None, rounding: str = "nearest",
                 key: jax.Array | None = None, rand_bits: int | None = None,
-                pad: bool = False, rng: random_bits_lib.Method = "hash"
-                ) -> QuantizedArray:
+                pad: bool = False, rng: random_bits_lib.Method = "hash",
+                convention: str = "ocp") -> QuantizedArray:
   """OCP MX block quantization with E8M0 scales.
 
   Args:
@@ -240,13 +258,19 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
       extents such as ``(32, 32)`` over the axes in ``axis``.
     axis: the blocked axis (default -1) for 1D blocks; a tuple of axes for tiles
       (default: the last ``len(block_shape)``).
-    scale_rule: floor (OCP), ceil, rceil, even, alto (see the module docstring).
+    scale_rule: floor (OCP; the default), ceil, rceil, even, alto
+      (:mod:`numerics.mx_scales`). Leave unset with ``convention="qwix"``.
     rounding: element rounding, ``nearest`` (RNE) or ``stochastic`` (needs ``key``;
       the scale stays deterministic) or ``toward_zero``.
     key, rand_bits, rng: stochastic rounding's key, random bits per element and
       generator, as in :func:`numerics.cast` (only with ``rounding='stochastic'``);
       words are indexed by the row-major position in the padded array.
     pad: zero-pad blocked axes to a multiple of the block instead of raising.
+    convention: ``"ocp"`` (default: OCP MX with ``scale_rule``) or ``"qwix"``: qwix
+      0.1.8's mxfp8 (``fmt="e4m3"``) or mxfp4 (``"e2m1"``) scale, bit for bit with
+      ``qwix.quantize`` on float32 input (docs/api.md, "Conventions"; the QuantizedArray
+      records ``scale_rule="qwix"``). qwix rounds to nearest only; other roundings
+      apply to its scale as to OCP's.
 
   Returns:
     A :class:`numerics.block_layout.QuantizedArray`; ``dequantize`` gives
@@ -254,8 +278,9 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
     Not differentiable (integer codes): use :func:`quantize_dequantize_mx` or
     :func:`numerics.fake_quant` for a straight-through gradient.
   """
-  fmt, x32, axes, blocks = _mx_args(x, fmt, block_shape, axis, scale_rule, rounding,
-                                    key, rand_bits, rng, "quantize_mx")
+  fmt, x32, axes, blocks, scale_rule = _mx_args(
+      x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng, "quantize_mx",
+      convention)
   codes, scale_codes = _quantize_mx(jnp.asarray(x), key, fmt=fmt, axes=axes,
                                     blocks=blocks, scale_rule=scale_rule,
                                     rounding=rounding, rand_bits=rand_bits, pad=pad,

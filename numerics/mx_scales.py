@@ -19,6 +19,19 @@ For a block with ``amax = max|x|`` and an element format whose largest binade is
 the float32 bit patterns of the amax, so float32 subnormal amaxes (which XLA:CPU's
 float arithmetic flushes) get their exact ``floor(log2 amax)``. The quantizers that
 use these rules are in :mod:`numerics.mx`.
+
+``qwix`` (not one of ``SCALE_RULES``: chosen by ``convention="qwix"`` in
+:func:`numerics.mx.quantize_mx`, for E4M3 and E2M1 only) is qwix 0.1.8's
+``compute_scale_zero_point`` as XLA:CPU runs it: ``s = amax / max``, which XLA:CPU
+computes as ``amax * (1/max)`` (both float32 roundings: it turns a division by a
+constant into a multiplication by the rounded reciprocal; measured), ``s = 1`` where
+``s < 2^-63`` (zero and tiny blocks: code 127), ``e = ceil(log2 s)`` with ``jnp.log2``
+(``log(s) / log(2)`` in float32). That is ``rceil`` of ``s`` except where ``s`` or the
+float32 logarithm rounds across a power of two: just above ``2^k`` the logarithm
+rounds to ``k`` (the largest elements saturate), and at ``s = 2^k`` it is above ``k``
+for some ``k`` (one binade coarser; on XLA:CPU ``k`` in {-62, -60, -57, -54, -52, -49,
+-31, -30, -27, -26, -15, -13}). Which ``k`` depends on the backend's float32 ``log``,
+as qwix's own scale does.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from lowprec.numerics import float_bits
@@ -39,6 +53,10 @@ ScaleRule = Literal["floor", "ceil", "rceil", "even", "alto"]
 SCALE_RULES = ("floor", "ceil", "rceil", "even", "alto")
 MX_ELEMENT_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
 MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
+MX_CONVENTIONS = ("ocp", "qwix")
+QWIX_RULE = "qwix"  # the scale_rule a qwix-convention QuantizedArray records
+QWIX_MX_FORMATS = ("e4m3", "e2m1")  # qwix's mxfp8 and mxfp4
+_QWIX_TINY = np.float32(2.0 ** -63)  # qwix: sqrt(finfo(float32).tiny)
 
 
 def _floor_log2(bits: jax.Array) -> jax.Array:
@@ -65,6 +83,8 @@ def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
   Outside [0, 254] the block's scale is clamped (numerics telemetry counts these);
   a zero amax gives code 0 (not a clamp).
   """
+  if scale_rule == QWIX_RULE:
+    return qwix_scale_code(amax_bits, fmt)
   m = fmt.man_bits if fmt.kind == "float" else 7
   if scale_rule == "floor":
     e = _floor_log2(amax_bits) - fmt.emax
@@ -85,3 +105,17 @@ def mx_scale_code_unclamped(amax_bits: jax.Array, fmt: formats_lib.Format,
   # OCP's code counts from the spec's emax_elem (MXINT8 carries an implicit 2^-6).
   code = e + (fmt.emax - fmt.mx_emax) + 127
   return jnp.where(amax_bits == 0, 0, code)
+
+
+def qwix_scale_code(amax_bits: jax.Array, fmt: formats_lib.Format) -> jax.Array:
+  """E8M0 code (int32, in [64, 254]) of qwix 0.1.8's MX scale for block amax bits
+  (finite, >= 0): ``2^ceil(log2(amax * (1/max)))``, and 2^0 where ``amax / max <
+  2^-63`` (zero blocks included). See the module docstring."""
+  amax = lax.bitcast_convert_type(amax_bits, jnp.float32)
+  # A float32 product of normal numbers rounds alike on every backend; a subnormal amax
+  # (which XLA:CPU reads as zero) or product falls below the threshold either way.
+  s = amax * (np.float32(1.0) / np.float32(fmt.max))
+  # Compared as bits: a float32 subnormal quotient is below the threshold either way.
+  tiny = lax.bitcast_convert_type(s, jnp.uint32) < _QWIX_TINY.view(np.uint32)
+  s = jnp.where(tiny, np.float32(1.0), s)
+  return jnp.ceil(jnp.log2(s)).astype(jnp.int32) + 127

@@ -1,13 +1,16 @@
 """NVFP4: E2M1 elements in 16-element blocks, E4M3 block scales, an fp32 tensor scale.
 
 Blocks are 1x16 along one axis (default the last) or 16x16 tiles; any other extent
-raises. Two conventions (``convention=``), each bit-exact against a NumPy
-transcription of its library's formula (``tests/numerics/mx_reference.py``):
+raises. Three conventions (``convention=``), each bit-exact against its library's
+formula (TE's and torchao's against a NumPy transcription in
+``tests/numerics/mx_reference.py``, qwix's against qwix itself):
 
 * ``"te"`` (default): Transformer Engine's chain (:mod:`numerics.nvfp4_te`; run by
   the two-pass fast path :mod:`numerics.nvfp4_fast`).
 * ``"torchao"``: torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale
   (:mod:`numerics.nvfp4_torchao`, which also says where the two differ).
+* ``"qwix"``: qwix 0.1.8's ``nvfp4`` qtype, which has no tensor scale
+  (:mod:`numerics.nvfp4_qwix`; its NaN/Inf and tiny blocks are qwix's, not ours below).
 
 Our choices where the libraries are silent: the tensor amax ignores NaN/Inf, and a
 block holding them gets the NaN scale (E4M3 0x7F) and zero element codes, so it
@@ -30,11 +33,14 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+import numpy as np
 
 from lowprec.numerics import block_layout
 from lowprec.numerics import float_bits
 from lowprec.numerics import gradients as gradients_lib
 from lowprec.numerics import nvfp4_fast
+from lowprec.numerics import nvfp4_qwix
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import nvfp4_torchao
 from lowprec.numerics import random_bits as random_bits_lib
@@ -76,6 +82,10 @@ def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conv
       return nvfp4_fast.nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
                                       rand_bits=rand_bits, dequantize=False,
                                       amax_axis_name=amax_axis_name)
+    if convention == "qwix":
+      codes, scale_codes, _ = nvfp4_qwix.nvfp4_qwix_quantize_core(
+          xp, axes, blocks, rounding, words, rand_bits)
+      return codes, scale_codes, jnp.float32(1.0)
     pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
     codes, scale_codes, _ = nvfp4_torchao.nvfp4_torchao_quantize_core(
         xp, pts, axes, blocks, rounding, words, rand_bits)
@@ -100,10 +110,11 @@ def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = No
       weight tiles; any other extent raises.
     axis: as in :func:`numerics.mx.quantize_mx`.
     rounding, key, rand_bits, rng, pad: as in :func:`numerics.mx.quantize_mx`.
-    convention: ``"te"`` (Transformer Engine's scale chain) or ``"torchao"``
-      (torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale); see
-      :mod:`numerics.nvfp4_te` and :mod:`numerics.nvfp4_torchao` for both formulas
-      and where they differ.
+    convention: ``"te"`` (Transformer Engine's scale chain), ``"torchao"``
+      (torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale) or ``"qwix"`` (qwix
+      0.1.8's ``nvfp4``: no tensor scale, so blocks with amax below ``6 * 2^-10`` get
+      scale 0); see :mod:`numerics.nvfp4_te`, :mod:`numerics.nvfp4_torchao`,
+      :mod:`numerics.nvfp4_qwix` and docs/api.md ("Conventions").
     amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) to take the
       tensor amax over (``lax.pmax``), as Transformer Engine reduces it over a
       tensor-parallel group: every shard gets the whole tensor's tensor scale, so the
@@ -113,7 +124,8 @@ def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = No
 
   Returns:
     A :class:`numerics.block_layout.QuantizedArray` with ``tensor_scale = 1/S_enc``
-    (``te``) or torchao's ``per_tensor_scale`` (``torchao``). Not differentiable
+    (``te``), torchao's ``per_tensor_scale`` (``torchao``) or 1 (``qwix``; its
+    ``amax_axis_name`` has no effect). Not differentiable
     (integer codes).
   """
   x32, (axes, blocks), amax_axis_name = _nvfp4_args(
@@ -141,6 +153,10 @@ def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conventio
       out = nvfp4_fast.nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
                                      rand_bits=rand_bits, dequantize=True,
                                      amax_axis_name=amax_axis_name)
+    elif convention == "qwix":
+      words = block_layout.stochastic_words(key, xp, rounding, rng)
+      out = nvfp4_qwix.nvfp4_qwix_quantize_core(xp, axes, blocks, rounding, words,
+                                                rand_bits)[2]
     else:
       pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
       words = block_layout.stochastic_words(key, xp, rounding, rng)
@@ -230,7 +246,9 @@ def nvfp4_grid_multipliers(x: jax.Array, *,
 
   Clamped: ``te``, a nonzero block whose E4M3 scale rounded to zero (TE has no lower
   clamp, so its elements flush); ``torchao``, a nonzero block whose scale was raised to
-  2^-6 or lowered to 448. For numerics telemetry; blocks and conventions as in
+  2^-6 or lowered to 448; ``qwix``, a nonzero block whose scale rounded to zero or was
+  lowered to 448 (its multiplier ``1/s`` is the rounded reciprocal of a divisor). For
+  numerics telemetry; blocks and conventions as in
   :func:`quantize_nvfp4`.
   """
   if convention not in NVFP4_CONVENTIONS:
@@ -246,6 +264,12 @@ def nvfp4_grid_multipliers(x: jax.Array, *,
     s_enc, _ = nvfp4_te.nvfp4_tensor_scale(xp, amax_axis_name=amax_axis_name)
     s_dec, mult = nvfp4_te.te_block_scales(block_amax, s_enc, float_bits.div_rn_idiv)
     clamped = (s_dec == 0) & (block_amax > 0)
+  elif convention == "qwix":
+    s, _ = nvfp4_qwix.qwix_block_scales(
+        lax.bitcast_convert_type(block_amax, jnp.uint32))
+    mult = float_bits.div_rn(np.float32(1.0), jnp.where(s == 0, np.float32(1.0), s))
+    mult = jnp.where(s == 0, np.float32(np.inf), mult)
+    clamped = ((s == 0) | (block_amax > np.float32(448.0 * 6.0))) & (block_amax > 0)
   else:
     pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
     scaled, _, mult = nvfp4_torchao.torchao_block_scales(block_amax, pts)

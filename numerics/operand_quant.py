@@ -5,8 +5,8 @@
   static clipping (``prescale``), QuEST dynamic clipping (``clip="rms"``) and a
   float32 macro-block scale above the block scales (``macro_block``).
 * :class:`NVFP4Quant`: NVFP4: E2M1 elements, E4M3 block scales of 16 and a float32
-  tensor scale (``convention`` ``te`` or ``torchao``; the tensor amax reduced over
-  ``amax_axis_name`` inside ``jax.shard_map``).
+  tensor scale (``convention`` ``te``, ``torchao`` or ``qwix``, which has none; the
+  tensor amax reduced over ``amax_axis_name`` inside ``jax.shard_map``).
 * :class:`TensorQuant`: one float32 scale per tensor from its current amax (``max /
   amax``), then an element-wise cast to ``fmt``.
 * :class:`DelayedQuant`: Transformer Engine's delayed scaling: the scale comes from an
@@ -197,7 +197,7 @@ class NVFP4Quant(OperandQuant):
   Attributes:
     block_shape: 16 (1D blocks along the contraction axis) or ``(16, 16)`` tiles.
     rounding, rand_bits, prescale: see :class:`OperandQuant`.
-    convention: the scale convention, ``te`` (Transformer Engine) or ``torchao``.
+    convention: the scale convention, ``te`` (Transformer Engine), ``torchao`` or ``qwix``.
     amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
       tensor amax is reduced (see :class:`numerics.quantizer.QuantSpec` and
       :func:`numerics.recipes.with_amax_axis_name`).

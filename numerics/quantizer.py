@@ -48,7 +48,7 @@ class QuantSpec:
     pad: zero-pad blocked axes instead of raising (``block`` only).
     saturate: for ``none``/``tensor`` casts, clamp overflow to +-max (block formats
       always saturate).
-    convention: NVFP4 scale convention, ``te`` or ``torchao`` (``nvfp4`` only).
+    convention: NVFP4 scale convention, ``te``, ``torchao`` or ``qwix`` (``nvfp4`` only).
     amax_axis_name: inside ``jax.shard_map``, the mesh axis (or tuple of axes) over
       which the tensor amax is reduced (``lax.pmax``), so every shard takes the whole
       tensor's scale (Transformer Engine's amax reduction group). For the quantizers
