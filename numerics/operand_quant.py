@@ -33,6 +33,7 @@ import numpy as np
 
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import mx_scales
 from lowprec.numerics import quantizer
 from lowprec.numerics import rounding as rounding_lib
 
@@ -143,7 +144,8 @@ class MXQuant(OperandQuant):
     fmt: an MX element format (``blockscale.MX_ELEMENT_FORMATS``).
     block_shape: an int (1D blocks along the contraction axis; default 32) or
       ``(b_contraction, b_free)`` tiles.
-    scale_rule: the MX scale rule (``blockscale.SCALE_RULES``).
+    scale_rule: the MX scale rule (``blockscale.SCALE_RULES``, or ``"qwix"``: qwix
+      0.1.8's scale, for e4m3 and e2m1; see :class:`numerics.quantizer.QuantSpec`).
     rounding, rand_bits, prescale: see :class:`OperandQuant`.
     clip: ``none``, or ``rms`` (QuEST-style dynamic clipping of each block at 2.922 x
       its RMS before quantization, :mod:`numerics.clipping`).
@@ -173,7 +175,7 @@ class MXQuant(OperandQuant):
     blocks, canonical = _block_shape(self.block_shape, blockscale.MX_BLOCK)
     object.__setattr__(self, "block_shape", canonical)
     self._check_common()
-    if self.scale_rule not in blockscale.SCALE_RULES:
+    if self.scale_rule not in blockscale.SCALE_RULES + (mx_scales.QWIX_RULE,):
       raise ValueError(f"unknown scale_rule {self.scale_rule!r}")
     if self.clip not in ("none", "rms"):
       raise ValueError(f"clip must be 'none' or 'rms', got {self.clip!r}")

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import gradients
+from lowprec.numerics import mx_scales
 from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 
@@ -41,7 +42,9 @@ class QuantSpec:
     axis: blocked axis (or axes, for tiles).
     scaling: ``block``, ``tensor`` or ``none`` (default: ``block`` for MX element
       formats and ``nvfp4``, ``none`` for the rest, e.g. ``bf16``).
-    scale_rule: MX scale rule (MX only).
+    scale_rule: MX scale rule (MX only): one of ``blockscale.SCALE_RULES``, or
+      ``"qwix"`` (qwix 0.1.8's scale, e4m3 and e2m1: ``convention="qwix"`` of
+      :func:`numerics.mx.quantize_mx`).
     rounding: ``nearest``, ``stochastic`` or ``toward_zero``.
     rand_bits, rng: stochastic rounding's random bits per element and generator
       (``stochastic`` only).
@@ -92,9 +95,12 @@ class QuantSpec:
     if self.rounding not in rounding_lib.ROUNDINGS:
       raise ValueError(f"unknown rounding {self.rounding!r}; known: "
                        f"{', '.join(rounding_lib.ROUNDINGS)}")
-    if self.scale_rule not in blockscale.SCALE_RULES:
+    if self.scale_rule not in blockscale.SCALE_RULES + (mx_scales.QWIX_RULE,):
       raise ValueError(f"unknown scale_rule {self.scale_rule!r}; known: "
-                       f"{', '.join(blockscale.SCALE_RULES)}")
+                       f"{', '.join(blockscale.SCALE_RULES)}, {mx_scales.QWIX_RULE}")
+    if self.scale_rule == mx_scales.QWIX_RULE and self.fmt not in mx_scales.QWIX_MX_FORMATS:
+      raise ValueError(f"scale_rule={mx_scales.QWIX_RULE!r} (qwix 0.1.8's MX scale) is "
+                       f"for {', '.join(mx_scales.QWIX_MX_FORMATS)}, got fmt={self.fmt!r}")
     if self.rng not in random_bits_lib.METHODS:
       raise ValueError(f"unknown rng {self.rng!r}; known: "
                        f"{', '.join(random_bits_lib.METHODS)}")
@@ -177,8 +183,16 @@ def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
         pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
         **stochastic)
   return blockscale.quantize_mx(
-      x, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
-      scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic)
+      x, spec.fmt, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+      pad=spec.pad, **_mx_rule(spec), **stochastic)
+
+
+def _mx_rule(spec: QuantSpec) -> dict[str, str]:
+  """The MX quantizers' scale arguments of ``spec``: qwix's scale is a convention of
+  its own (:func:`numerics.mx.quantize_mx`), the others a scale rule."""
+  if spec.scale_rule == mx_scales.QWIX_RULE:
+    return {"convention": "qwix"}
+  return {"scale_rule": spec.scale_rule}
 
 
 def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
@@ -199,8 +213,8 @@ def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
         pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
         **stochastic))
   return jax.lax.stop_gradient(blockscale.quantize_dequantize_mx(
-      x32, spec.fmt, block_shape=spec.block_shape, axis=spec.axis,
-      scale_rule=spec.scale_rule, rounding=spec.rounding, pad=spec.pad, **stochastic))
+      x32, spec.fmt, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+      pad=spec.pad, **_mx_rule(spec), **stochastic))
 
 
 def quantize_dequantize(x: jax.Array, spec: QuantSpec, *,

@@ -37,7 +37,8 @@ def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
   if spec.fmt == "nvfp4":
     return spec.convention == "te"  # torchao's convention has no kernel (jnp path)
   return (spec.block_shape == (blockscale.MX_BLOCK,)
-          and spec.fmt in blockscale.MX_ELEMENT_FORMATS)
+          and spec.fmt in blockscale.MX_ELEMENT_FORMATS
+          and spec.scale_rule in blockscale.SCALE_RULES)  # qwix's scale: jnp path
 
 
 def _check_key(spec: quantizer.QuantSpec, key) -> None:

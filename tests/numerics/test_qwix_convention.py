@@ -172,3 +172,25 @@ def test_nvfp4_grid_multipliers_flag_qwix_clamped_blocks():
   assert clamped[0, 0] and clamped[1, 0] and clamped.sum() == 2
   assert np.isinf(np.asarray(mult)[0, 0])
   assert np.asarray(mult)[2, 0] == np.float32(1) / np.float32(0.9375)
+
+
+@pytest.mark.parametrize("fmt,qtype", [("e4m3", "mxfp8"), ("e2m1", "mxfp4")])
+def test_the_spec_and_recipe_layers_take_qwix_s_scale(fmt, qtype):
+  """``QuantSpec(scale_rule="qwix")`` and ``MXQuant(scale_rule="qwix")`` (what a recipe
+  and ``quantize_model`` use) give qwix's own dequantized values, on the jnp path (the
+  Pallas MX kernel implements the OCP rules only)."""
+  from lowprec.numerics import quantizer, recipes  # pylint: disable=import-outside-toplevel
+  from lowprec.numerics.kernels import operand  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(3)
+  x = (rng.standard_t(3, size=(8, 64)) * np.exp2(rng.integers(-8, 8, size=(8, 1)))
+       ).astype(np.float32)
+  want = qwix_oracle.quantize(x, qtype)[2]
+  spec = quantizer.QuantSpec(fmt=fmt, scale_rule="qwix", axis=-1)
+  got = np.asarray(quantizer.quantize_dequantize(jnp.asarray(x), spec))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  assert not operand.kernel_eligible(spec, 2)
+  op_spec = recipes.MXQuant(fmt=fmt, scale_rule="qwix").spec(contract_axis=1, free_axis=0)
+  got = np.asarray(quantizer.quantize_dequantize(jnp.asarray(x), op_spec))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  with pytest.raises(ValueError, match="qwix 0.1.8's MX scale"):
+    quantizer.QuantSpec(fmt="e5m2", scale_rule="qwix")
