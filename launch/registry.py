@@ -45,6 +45,8 @@ _REGISTRY: dict[str, str] = {
     "mxfp8_rl_faults_confirm": "experiments.mxfp8_rl.sweeps:mxfp8_rl_faults_confirm",
     # Untested claims of the seed papers, in miniature (issue 50).
     "kv_cache_weights": "experiments.kv_cache.sweeps:kv_cache_weights",
+    # The field's recipe questions (issue 54).
+    "scale_rules_ptq": "experiments.scale_rules.sweeps:scale_rules_ptq",
 }
 
 

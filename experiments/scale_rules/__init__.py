@@ -1,0 +1,1 @@
+"""Block-scale rules compared as post-training quantization (issue 54)."""
