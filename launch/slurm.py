@@ -82,35 +82,14 @@ def array_spec(indices: Sequence[int], max_concurrent: int = 0) -> str:
   return ",".join(parts) + (f"%{max_concurrent}" if max_concurrent else "")
 
 
-def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
-                       options: SlurmOptions = SlurmOptions()) -> str:
-  """Writes ``commands.txt`` (line i: run i's shell command) and ``slurm_array.sbatch``.
-
-  Also ``slurm/workdirs.txt`` (line i: run i's workdir). Returns the sbatch script path;
-  ``sbatch <path>`` submits every run, ``sbatch --array=1,3 <path>`` some. A run's output
-  is appended to ``<workdir>/launch.log`` (as the local runner does), across requeues;
-  the scheduler's messages go to ``<sweep_dir>/slurm/<job>_<task>.out``.
-  """
-  if not runs:
-    raise ValueError("no runs to write")
-  if sorted(r.index for r in runs) != list(range(len(runs))):
-    raise ValueError("runs must be a whole manifest (indices 0..n-1)")
-  sweep_dir = os.path.abspath(sweep_dir)
-  os.makedirs(os.path.join(sweep_dir, "slurm"), exist_ok=True)
-  commands = os.path.join(sweep_dir, "commands.txt")
-  workdirs = os.path.join(sweep_dir, "slurm", "workdirs.txt")
-  with open(commands, "w") as f, open(workdirs, "w") as w:
-    for r in sorted(runs, key=lambda r: r.index):
-      # The interpreter that wrote the script (its environment has the project installed).
-      f.write(r.shell_command().replace("python", shlex.quote(sys.executable), 1) + "\n")
-      if "\n" in r.workdir:
-        raise ValueError(f"workdir {r.workdir!r} contains a newline")
-      w.write(r.workdir + "\n")
+def _directives(options: SlurmOptions, job_name: str, num_runs: int, sweep_dir: str
+                ) -> list[str]:
+  """The script's ``#SBATCH`` lines."""
   o = options
   lines = [
       "#!/bin/bash",
       f"#SBATCH --job-name={job_name}",
-      f"#SBATCH --array={array_spec(range(len(runs)), o.max_concurrent)}",
+      f"#SBATCH --array={array_spec(range(num_runs), o.max_concurrent)}",
       f"#SBATCH --output={sweep_dir}/slurm/%A_%a.out",
       "#SBATCH --open-mode=append",
       "#SBATCH --requeue",
@@ -129,12 +108,19 @@ def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
   if o.account:
     lines.append(f"#SBATCH --account={o.account}")
   lines += [f"#SBATCH {arg}" for arg in o.extra]
+  return lines
+
+
+def _task_lines(options: SlurmOptions, commands: str, workdirs: str) -> list[str]:
+  """The array task's shell: run line i of ``commands`` in its workdir, pass SIGTERM
+  on, and requeue a preempted run that is still RUNNING."""
+  o = options
   # srun explicitly gets --cpus-per-task: "The number of cpus per task specified for
   # salloc or sbatch is not automatically inherited by srun" (srun(1), SLURM 22.05).
   srun = "srun --cpus-per-task=${SLURM_CPUS_PER_TASK}"
   if o.num_tasks > 1:
     srun += " --kill-on-bad-exit=1"  # a lone surviving process would wait in a collective
-  lines += [
+  return [
       "set -uo pipefail",
       f"cd {shlex.quote(REPO_DIR)}",
       f'CMD=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(commands)})',
@@ -175,6 +161,34 @@ def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
       "fi",
       'exit "${rc}"',
   ]
+
+
+def write_array_script(runs: Sequence[RunSpec], sweep_dir: str, job_name: str,
+                       options: SlurmOptions = SlurmOptions()) -> str:
+  """Writes ``commands.txt`` (line i: run i's shell command) and ``slurm_array.sbatch``.
+
+  Also ``slurm/workdirs.txt`` (line i: run i's workdir). Returns the sbatch script path;
+  ``sbatch <path>`` submits every run, ``sbatch --array=1,3 <path>`` some. A run's output
+  is appended to ``<workdir>/launch.log`` (as the local runner does), across requeues;
+  the scheduler's messages go to ``<sweep_dir>/slurm/<job>_<task>.out``.
+  """
+  if not runs:
+    raise ValueError("no runs to write")
+  if sorted(r.index for r in runs) != list(range(len(runs))):
+    raise ValueError("runs must be a whole manifest (indices 0..n-1)")
+  sweep_dir = os.path.abspath(sweep_dir)
+  os.makedirs(os.path.join(sweep_dir, "slurm"), exist_ok=True)
+  commands = os.path.join(sweep_dir, "commands.txt")
+  workdirs = os.path.join(sweep_dir, "slurm", "workdirs.txt")
+  with open(commands, "w") as f, open(workdirs, "w") as w:
+    for r in sorted(runs, key=lambda r: r.index):
+      # The interpreter that wrote the script (its environment has the project installed).
+      f.write(r.shell_command().replace("python", shlex.quote(sys.executable), 1) + "\n")
+      if "\n" in r.workdir:
+        raise ValueError(f"workdir {r.workdir!r} contains a newline")
+      w.write(r.workdir + "\n")
+  lines = (_directives(options, job_name, len(runs), sweep_dir)
+           + _task_lines(options, commands, workdirs))
   path = os.path.join(sweep_dir, "slurm_array.sbatch")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
