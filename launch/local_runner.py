@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 
@@ -187,12 +187,7 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
     SweepInterrupted: Ctrl-C (see the module docstring), once the runs have stopped.
   """
   parallel = parallel or default_parallelism(cpus_per_run, mem_per_run_gb)
-  cpus = sorted(os.sched_getaffinity(0))
-  slots = [cpus[i * cpus_per_run:(i + 1) * cpus_per_run] or cpus for i in range(parallel)]
-  if len(cpus) < parallel * cpus_per_run:
-    logging.warning("%d parallel runs x %d cpus exceed the %d cpus available; sharing them",
-                    parallel, cpus_per_run, len(cpus))
-    slots = [cpus] * parallel
+  slots = _cpu_slots(parallel, cpus_per_run)
   done = set()
   for results_file in dict.fromkeys(r.results_file for r in runs if r.results_file):
     done |= completed_runs(_in_repo(results_file))
@@ -220,17 +215,7 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
         while free and (spec := _next_startable(queue, waiting)) is not None:
           queue.remove(spec)
           slot = free.pop(0)
-          workdir = _in_repo(spec.workdir)
-          os.makedirs(workdir, exist_ok=True)
-          log_path = os.path.join(workdir, "launch.log")
-          log = open(log_path, "ab")
-          cores = slots[slot]
-          argv = [sys.executable, "-c", _PIN_AND_EXEC, str(os.getpid()),
-                  ",".join(map(str, cores)), *_argv(spec.command)]
-          proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env,
-                                  start_new_session=True)
-          running[slot] = (proc, spec, time.monotonic(), log_path, log)
-          logging.info("started %s on cpus %s (log %s)", spec.run_name, cores, log_path)
+          running[slot] = _start(spec, slots[slot], base_env)
         time.sleep(poll_s)
         for slot, (proc, spec, t0, _, _) in list(running.items()):
           rc = proc.poll()
@@ -241,32 +226,70 @@ def run_local(runs: Sequence[RunSpec], *, parallel: int = 0, cpus_per_run: int =
           if rc is not None:
             reap(slot, rc)
       if ctrl_c.count:
-        logging.warning("interrupted: stopping %d running run(s); each checkpoints and "
-                        "exits (Ctrl-C again kills them without a checkpoint)", len(running))
-        for proc, *_ in running.values():
-          _signal_group(proc, signal.SIGTERM)
-        killed = False
-        while running:
-          if ctrl_c.count > 1 and not killed:
-            logging.warning("interrupted again: killing %d run(s)", len(running))
-            for proc, *_ in running.values():
-              _signal_group(proc, signal.SIGKILL)
-            killed = True
-          time.sleep(poll_s)
-          for slot, (proc, *_) in list(running.items()):
-            rc = proc.poll()
-            if rc is not None:
-              reap(slot, rc)
+        _stop_interrupted(running, ctrl_c, reap, poll_s)
         raise SweepInterrupted(outcomes, [r.run_name for r in queue])
   finally:
-    # Any other error: SIGTERM makes each run checkpoint and exit, so a re-run of the
-    # sweep resumes them.
-    for proc, spec, _, _, log in running.values():
-      if proc.poll() is None:
-        _signal_group(proc, signal.SIGTERM)
-        try:
-          proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-          _signal_group(proc, signal.SIGKILL)
-      log.close()
+    _stop_all(running)
   return outcomes
+
+
+def _cpu_slots(parallel: int, cpus_per_run: int) -> list[list[int]]:
+  """The cores each of ``parallel`` slots pins its run to (all shared, with a warning,
+  when there are too few)."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < parallel * cpus_per_run:
+    logging.warning("%d parallel runs x %d cpus exceed the %d cpus available; sharing them",
+                    parallel, cpus_per_run, len(cpus))
+    return [cpus] * parallel
+  return [cpus[i * cpus_per_run:(i + 1) * cpus_per_run] or cpus for i in range(parallel)]
+
+
+def _start(spec: RunSpec, cores: list[int], env: dict[str, str]
+           ) -> tuple[subprocess.Popen, RunSpec, float, str, Any]:
+  """Starts ``spec`` pinned to ``cores`` in a session of its own, its output appended
+  to ``<workdir>/launch.log``: (process, spec, start time, log path, open log)."""
+  workdir = _in_repo(spec.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  log_path = os.path.join(workdir, "launch.log")
+  log = open(log_path, "ab")  # pylint: disable=consider-using-with  # closed on reap
+  argv = [sys.executable, "-c", _PIN_AND_EXEC, str(os.getpid()),
+          ",".join(map(str, cores)), *_argv(spec.command)]
+  proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                          start_new_session=True)
+  logging.info("started %s on cpus %s (log %s)", spec.run_name, cores, log_path)
+  return proc, spec, time.monotonic(), log_path, log
+
+
+def _stop_interrupted(running: dict[int, tuple], ctrl_c: _CtrlC,
+                      reap: Callable[[int, int], None], poll_s: float) -> None:
+  """After Ctrl-C: SIGTERM to every run (each checkpoints and exits), SIGKILL after a
+  second Ctrl-C; returns when all have exited (each reaped)."""
+  logging.warning("interrupted: stopping %d running run(s); each checkpoints and "
+                  "exits (Ctrl-C again kills them without a checkpoint)", len(running))
+  for proc, *_ in running.values():
+    _signal_group(proc, signal.SIGTERM)
+  killed = False
+  while running:
+    if ctrl_c.count > 1 and not killed:
+      logging.warning("interrupted again: killing %d run(s)", len(running))
+      for proc, *_ in running.values():
+        _signal_group(proc, signal.SIGKILL)
+      killed = True
+    time.sleep(poll_s)
+    for slot, (proc, *_) in list(running.items()):
+      rc = proc.poll()
+      if rc is not None:
+        reap(slot, rc)
+
+
+def _stop_all(running: dict[int, tuple]) -> None:
+  """On any other error: SIGTERM makes each run checkpoint and exit, so a re-run of
+  the sweep resumes them (SIGKILL after 60 s)."""
+  for proc, _, _, _, log in running.values():
+    if proc.poll() is None:
+      _signal_group(proc, signal.SIGTERM)
+      try:
+        proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+    log.close()
