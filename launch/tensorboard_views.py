@@ -52,14 +52,15 @@ from experiments.common.config_flags import parse_flags
 from experiments.common.stats import mean_interval
 from experiments.common.sweep_data import (config_value, read_manifest, read_sweep_info,
                                            read_sweep_results, run_dir)
-from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
+from experiments.common.tensorboard_reader import (SWEEP_SUMMARY_FILE, event_files,
+                                                   read_hparams_experiment,
                                                    read_scalars)
 from experiments.common.tensorboard_writer import (FIXED_WALL_TIME, HParamValue,
                                                    hparams_experiment_summary, shown_hparams,
                                                    write_event_file)
 from launch.manifest import swept_values
 
-EXPERIMENT_FILE = "events.out.tfevents.0.sweep_hparams"
+EXPERIMENT_FILE = SWEEP_SUMMARY_FILE
 ARMS_DIR = "arms"
 ARM_FILE = "events.out.tfevents.0.arm_view"
 LOWER, UPPER = "/ci95_lo", "/ci95_hi"

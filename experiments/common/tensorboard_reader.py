@@ -96,6 +96,11 @@ def _checked_file(path: str) -> tuple[list[tuple[int, int]], list[EventFileDamag
   return _checked[key]
 
 
+# The sweep's one HParams experiment summary (launch.tensorboard_views), written into
+# the first run's directory: an event file of the sweep, not of that run.
+SWEEP_SUMMARY_FILE = "events.out.tfevents.0.sweep_hparams"
+
+
 def _event_files(logdir: str) -> list[str]:
   """The event files directly in ``logdir`` (TensorBoard's rule), by name."""
   if not os.path.isdir(logdir):
@@ -110,8 +115,9 @@ def event_files(logdir: str) -> list[str]:
 
 
 def has_event_files(logdir: str) -> bool:
-  """Whether ``logdir`` holds an event file (a run's events are not missing)."""
-  return bool(_event_files(logdir))
+  """Whether ``logdir`` holds an event file the run wrote (a run's events are not
+  missing; the sweep's summary, :data:`SWEEP_SUMMARY_FILE`, does not count)."""
+  return any(os.path.basename(f) != SWEEP_SUMMARY_FILE for f in _event_files(logdir))
 
 
 def event_file_damage(logdir: str) -> list[EventFileDamage]:
