@@ -224,6 +224,56 @@ def _check_windows_fit(config: LMConfig, splits: shakespeare.Splits) -> None:
         "--max_chars (0: the whole corpus)")
 
 
+def _fresh_start(config: LMConfig, model: Any, stateful: bool,
+                 optimizer: optax.GradientTransformation, replicated: Any
+                 ) -> Callable[[], Snapshot]:
+  """``() -> Snapshot`` at step 0: the model initialized from ``config.seed`` (with the
+  quantization state it carries, where ``stateful``), the optimizer state, the loop key."""
+
+  @functools.partial(jax.jit, out_shardings=replicated)
+  def init(key):
+    init_key, loop_key = jax.random.split(key)
+    variables = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
+                           jax.random.PRNGKey(0))
+    if not stateful:
+      return init_train_state(variables["params"], optimizer), loop_key
+    params = {"params": variables["params"],
+              quantization.OVERWRITE: variables[quantization.OVERWRITE]}
+    return TrainState(jnp.zeros((), jnp.int32), params,
+                      optimizer.init(variables["params"])), loop_key
+
+  def fresh() -> Snapshot:
+    state, rng = init(jax.random.PRNGKey(config.seed))
+    return Snapshot(state=state, rng=rng, step=0, data_position=0)
+
+  return fresh
+
+
+def _evaluator(config: LMConfig, apply: Callable[..., Any], validation: np.ndarray,
+               mesh: Any) -> Callable[[Any], dict[str, float]]:
+  """``params -> {"loss", "accuracy", "bits_per_char"}`` over ``config.eval_batches``
+  fixed validation batches, with one fixed key (stochastic-rounding recipes then
+  evaluate the same way every time)."""
+
+  @jax.jit
+  def eval_step(params, batch, key):
+    logits, _ = apply(params, batch["inputs"], key)
+    return next_token_loss(logits, batch["targets"])
+
+  eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
+      validation, num_batches=config.eval_batches, batch_size=config.batch_size,
+      seq_len=config.seq_len)]
+  eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
+
+  def evaluate(params) -> dict[str, float]:
+    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
+    loss = float(np.mean([r[0] for r in results]))
+    return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
+            "bits_per_char": loss / np.log(2.0)}
+
+  return evaluate
+
+
 def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                        ) -> dict[str, Any]:
   """Trains and evaluates one LM run; returns its summary (metrics and paths).
@@ -251,40 +301,8 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
   recipe, model, stateful, apply, loss_fn = build_lm(config, splits.vocab.size)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
-  replicated = distributed.replicated(mesh)
-
-  @functools.partial(jax.jit, out_shardings=replicated)
-  def init(key):
-    init_key, loop_key = jax.random.split(key)
-    variables = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
-                           jax.random.PRNGKey(0))
-    if not stateful:
-      return init_train_state(variables["params"], optimizer), loop_key
-    params = {"params": variables["params"],
-              quantization.OVERWRITE: variables[quantization.OVERWRITE]}
-    return TrainState(jnp.zeros((), jnp.int32), params,
-                      optimizer.init(variables["params"])), loop_key
-
-  def fresh() -> Snapshot:
-    state, rng = init(jax.random.PRNGKey(config.seed))
-    return Snapshot(state=state, rng=rng, step=0, data_position=0)
-
-  @jax.jit
-  def eval_step(params, batch, key):
-    logits, _ = apply(params, batch["inputs"], key)
-    return next_token_loss(logits, batch["targets"])
-
-  eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
-      splits.validation, num_batches=config.eval_batches, batch_size=config.batch_size,
-      seq_len=config.seq_len)]
-  # A fixed key: stochastic-rounding recipes then evaluate the same way every time.
-  eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
-
-  def evaluate(params) -> dict[str, float]:
-    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
-    loss = float(np.mean([r[0] for r in results]))
-    return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
-            "bits_per_char": loss / np.log(2.0)}
+  fresh = _fresh_start(config, model, stateful, optimizer, distributed.replicated(mesh))
+  evaluate = _evaluator(config, apply, splits.validation, mesh)
 
   def batch_at(position: int):
     return distributed.shard_batch(shakespeare.train_batch(

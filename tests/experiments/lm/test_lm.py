@@ -60,7 +60,9 @@ def test_smoke_writes_events_checkpoint_results(tmp_path):
   session = read_hparams_session(str(wd))
   assert session["trial_id"] == "run" and session["status"] == "STATUS_SUCCESS"
   assert session["hparams"]["recipe"] == "bf16"
-  assert session["hparams"]["d_model"] == 32
+  # Integers are written as their digits (TensorBoard's HParams table would show a
+  # float 32 as 3.2e+1 and offer no exact filter on it; launch.tensorboard_views).
+  assert session["hparams"]["d_model"] == "32"
 
   meta = json.load(open(wd / "config.json"))
   assert meta["config"] == dataclasses.asdict(TINY)
