@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 import xml.etree.ElementTree as ElementTree
 
 # The pytest subprocess and this process share the accelerator: allocate on demand.
@@ -185,21 +186,11 @@ def _vs_estimate(rec: dict) -> str:
           f"{rec['measured_over_estimate']:.2f}x)")
 
 
-def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict, dict]:
-  """(bandwidth, kernels, matmul) records."""
-  rows, cols = (256, 512) if interpret else (flags.FLAGS.rows, flags.FLAGS.cols)
-  n = rows * cols
-  target = None if interpret else device_target(jax.devices()[0].device_kind)
-  x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
-  key = jax.random.key(1)
-  t = time_call(jax.jit(lambda x: x + 1.0), x, iters=iters, repeats=repeats)
-  copy_bw = 8 * n / t
-  bandwidth = {"shape": [rows, cols], "copy_ms": t * 1e3, "copy_gb_per_s": copy_bw / 1e9,
-               "bytes": 8 * n}
-  on = dict(interpret=True) if interpret else dict(use_kernel=True)
-  off = dict(use_kernel=False)
+def bandwidth_cases(n: int) -> dict[str, tuple[Callable[..., Any], int]]:
+  """``name -> (fn(x, key, mode), HBM bytes it moves)`` of the kernels timed against a
+  copy, for an operand of ``n`` float32 elements."""
   codes_out = n + n // 32  # uint8 codes + E8M0 scales
-  cases = {
+  return {
       "mx_quantize e4m3 nearest": (
           lambda x, k, m: kernels.mx_quantize(x, "e4m3", **m).codes, 4 * n + codes_out),
       "mx_quantize e4m3 stochastic": (
@@ -231,9 +222,13 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
           lambda x, k, m: kernels.nvfp4_quantize_dequantize_blocks(
               x, axis=-2, rounding="stochastic", key=k, **m)[0], 12 * n),
   }
-  unknown = set(flags.FLAGS.kernels) - set(cases)
-  if unknown:
-    raise ValueError(f"unknown --kernels {sorted(unknown)}; known: {sorted(cases)}")
+
+
+def _time_kernels(x, key, on: dict, off: dict, copy_bw: float, target, iters: int,
+                  repeats: int) -> dict:
+  """Each selected kernel (``--kernels``; all when empty) and its jnp path, as
+  fractions of the copy's bandwidth."""
+  cases = bandwidth_cases(x.size)
   records = {}
   for name, (fn, nbytes) in cases.items():
     if flags.FLAGS.kernels and name not in flags.FLAGS.kernels:
@@ -248,6 +243,12 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
           f"jnp {rec['jnp']['fraction_of_copy']:.2f}{_vs_estimate(rec['kernel'])}",
           flush=True)
 
+  return records
+
+
+def _time_matmuls(key, on: dict, target, interpret: bool, iters: int, repeats: int
+                  ) -> dict:
+  """The MX matmul kernel (e4m3 and e2m1) against a bf16 ``jnp.dot``."""
   size = 128 if interpret else flags.FLAGS.mm
   ka, kb = jax.random.split(key)
   a = jax.random.normal(ka, (size, size), jnp.float32)
@@ -270,6 +271,24 @@ def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict
     matmul[f"mx_matmul {fa} x {fb}"] = rec
     print(f"mx_matmul {fa} x {fb} {size}^3: {flops / t / 1e12:.1f} TFLOP/s "
           f"(bf16 jnp.dot {flops / t_bf16 / 1e12:.1f}){_vs_estimate(rec)}", flush=True)
+  return matmul
+
+
+def run_bandwidth(interpret: bool, iters: int, repeats: int) -> tuple[dict, dict, dict]:
+  """(bandwidth, kernels, matmul) records."""
+  rows, cols = (256, 512) if interpret else (flags.FLAGS.rows, flags.FLAGS.cols)
+  n = rows * cols
+  target = None if interpret else device_target(jax.devices()[0].device_kind)
+  x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
+  key = jax.random.key(1)
+  t = time_call(jax.jit(lambda x: x + 1.0), x, iters=iters, repeats=repeats)
+  copy_bw = 8 * n / t
+  bandwidth = {"shape": [rows, cols], "copy_ms": t * 1e3, "copy_gb_per_s": copy_bw / 1e9,
+               "bytes": 8 * n}
+  on = dict(interpret=True) if interpret else dict(use_kernel=True)
+  off = dict(use_kernel=False)
+  records = _time_kernels(x, key, on, off, copy_bw, target, iters, repeats)
+  matmul = _time_matmuls(key, on, target, interpret, iters, repeats)
   return bandwidth, records, matmul
 
 
@@ -393,6 +412,11 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  unknown = sorted(set(flags.FLAGS.kernels) - set(bandwidth_cases(1)))
+  if unknown:  # before the correctness stage spends minutes
+    print(f"error: unknown --kernels {unknown}; known: {sorted(bandwidth_cases(1))}",
+          file=sys.stderr)
+    return 2
   interpret = flags.FLAGS.interpret
   clock = _Clock(flags.FLAGS.time_budget_s)
   iters, repeats = (2, 1) if interpret else (flags.FLAGS.iters, flags.FLAGS.repeats)

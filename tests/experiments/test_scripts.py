@@ -105,3 +105,14 @@ def test_sharded_step_compile_refuses_an_unknown_topology_in_one_line():
                          "--topologies=v4:2x2"], capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip() == "error: --topologies: unknown v4:2x2; known: v5e:2x2, h200x4"
+
+
+def test_kernel_check_refuses_an_unknown_kernel_in_one_line_before_its_stages():
+  """Before: an unknown --kernels name was a ValueError traceback (exit 1) raised in
+  the throughput stage, after the correctness stage had run for minutes."""
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.kernel_check",
+                         "--interpret", "--kernels=nope"], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().startswith("error: unknown --kernels ['nope']; known: ")
+  assert "correctness:" not in proc.stdout
