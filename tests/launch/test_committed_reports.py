@@ -36,7 +36,8 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "stale_sampler/report_confirm", "mxfp8_rl/report_confirm",
            "mxfp8_rl/report_confirm_faults",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
-           "looped_rl/report_confirm", "memoir/report_energy", "kv_cache/report_weights")
+           "looped_rl/report_confirm", "memoir/report_energy", "kv_cache/report_weights",
+           "scale_rules/report")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
@@ -60,12 +61,14 @@ def test_report_rebuilds_identically_from_its_committed_data(tmp_path, paper):
   assert not event_files(str(copy / "runs"))
   experiment = read_hparams_experiment(str(copy / "runs" / manifest[0]["run_name"]))
   assert experiment["metrics"] == info["metrics"]
+  rows = {r["run_name"]: r for r in map(json.loads, open(copy / "results.jsonl"))
+          if isinstance(r, dict) and "run_name" in r}
   for m in manifest:
     run = copy / "runs" / m["run_name"]
     scalars = read_scalars(str(run))  # every run's curves are committed
     assert scalars, m["run_name"]
-    if "eval/loss" in scalars and "num_steps" in m["config"]:  # trained to the end
-      assert scalars["eval/loss"][-1][0] == m["config"]["num_steps"]
+    if "eval/loss" in scalars and m["run_name"] in rows:  # the events reach the end
+      assert scalars["eval/loss"][-1][0] == rows[m["run_name"]]["step"], m["run_name"]
     session = read_hparams_session(str(run))
     assert session["trial_id"] == m["run_name"] and session["status"] == "STATUS_SUCCESS"
     for name, domain in experiment["hparams"].items():
