@@ -178,3 +178,49 @@ def ratio_row(per_round_s: dict[str, list[float]], method: str, baseline: str
       [math.log(t) for t in per_round_s[method]],
       [math.log(t) for t in per_round_s[baseline]]))
   return median(per_round_s[method]), median(ratios), ratios[0], ratios[-1]
+
+
+def write_report(out_dir: str, lines: list[str]) -> str:
+  """Writes ``<out_dir>/REPORT.md``: ``lines``, then ``FINDINGS.md`` beside it (the
+  hand-written reading survives a rebuild); returns its path."""
+  findings = os.path.join(out_dir, "FINDINGS.md")
+  if os.path.exists(findings):
+    with open(findings) as f:
+      lines = lines + ["", f.read().rstrip("\n"), ""]
+  path = os.path.join(out_dir, "REPORT.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  return path
+
+
+def define_flags(out_dir: str, json_file: str) -> None:
+  """A benchmark claim's flags: ``--out_dir`` (default ``out_dir``), ``--cpu``,
+  ``--report_only``. Called only when it runs as a script."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  flags.DEFINE_string("out_dir", out_dir, f"Where {json_file} and REPORT.md go.")
+  flags.DEFINE_integer("cpu", -1, "The CPU to pin to (-1: the last one allowed).")
+  flags.DEFINE_bool("report_only", False, "Rebuild REPORT.md from the JSON.")
+
+
+def main_of(run: Callable[[str, int], Any], build_report: Callable[[str], str]
+            ) -> Callable[[list[str]], None]:
+  """The script's ``main``: unless ``--report_only``, refuse a CPU outside the allowed
+  set (exit 2) or a dirty tree, then ``run(out_dir, cpu)``; always print the rebuilt
+  report's path."""
+  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from experiments.common import run_metadata  # pylint: disable=import-outside-toplevel
+
+  def main(argv: list[str]) -> None:
+    del argv
+    fl = flags.FLAGS
+    if not fl.report_only:
+      if (error := cpu_error(fl.cpu)) is not None:
+        raise app.UsageError(error, exitcode=2)
+      git = run_metadata.git_state()
+      if git.get("dirty"):
+        raise app.UsageError(f"refusing to run: tracked files differ from commit "
+                             f"{git['commit'][:12]}; commit first")
+      run(fl.out_dir, fl.cpu)
+    print(build_report(fl.out_dir))
+
+  return main

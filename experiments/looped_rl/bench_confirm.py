@@ -148,36 +148,17 @@ def build_report(out_dir: str) -> str:
             f"reruns it (about {sum(r['wall_s'] for r in record['looks']) / 60:.0f} min of "
             "rounds here); `python -m experiments.looped_rl.bench_confirm --report_only` "
             "rebuilds this report from the committed JSON.", ""]
-  findings = os.path.join(out_dir, "FINDINGS.md")
-  if os.path.exists(findings):
-    with open(findings) as f:
-      lines += ["", f.read().rstrip("\n"), ""]
-  path = os.path.join(out_dir, "REPORT.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines))
-  return path
+  return bench_sequential.write_report(out_dir, lines)
 
 
 def define_flags() -> None:
   """Defines this script's flags; called only when it runs as a script, so that
   importing the module (a test, another script) defines no flag names."""
-  flags.DEFINE_string("out_dir", sweeps.ROLLOUT_REPORT_DIR,
-                      "Where bench_rollout.json and REPORT.md go.")
-  flags.DEFINE_integer("cpu", -1, "The CPU to pin to (-1: the last one allowed).")
-  flags.DEFINE_bool("report_only", False, "Rebuild REPORT.md from the JSON.")
+  bench_sequential.define_flags(sweeps.ROLLOUT_REPORT_DIR, "bench_rollout.json")
 
 
-def main(argv):
-  del argv
-  if not FLAGS.report_only:
-    if (error := bench_sequential.cpu_error(FLAGS.cpu)) is not None:
-      raise app.UsageError(error, exitcode=2)
-    git = run_metadata.git_state()
-    if git.get("dirty"):
-      raise app.UsageError(f"refusing to run: tracked files differ from commit "
-                           f"{git['commit'][:12]}; commit first")
-    run(FLAGS.out_dir, FLAGS.cpu)
-  print(build_report(FLAGS.out_dir))
+main = bench_sequential.main_of(lambda out_dir, cpu: run(out_dir, cpu),
+                                lambda out_dir: build_report(out_dir))
 
 
 if __name__ == "__main__":
