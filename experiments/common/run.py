@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -32,9 +33,9 @@ from absl import logging
 from experiments.common import run_metadata
 from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.results import finish_run
+from experiments.common.results import finish_run, run_summary
 from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import LoopSettings, restore_or_initialize
+from experiments.common.train_loop import LoopResult, LoopSettings, restore_or_initialize
 
 
 @dataclasses.dataclass
@@ -90,6 +91,18 @@ class Run:
                       "and completes", stop, first, num_steps)
     return LoopSettings(num_steps=num_steps, stop_at_step=self.options.stop_at_step,
                         **{**fields, **overrides})
+
+  def finish_evaluation(self, metrics: dict[str, float], *, num_params: int
+                        ) -> dict[str, Any]:
+    """Closes a run that trains nothing (an evaluation): ``metrics`` as scalars at
+    step 1 (the HParams metrics) and one results row; returns the summary."""
+    result = LoopResult(snapshot=Snapshot(None, None, 1, 0), completed=True,
+                        train_metrics={}, eval_metrics={}, steps_per_s=math.nan,
+                        wall_s=time.time() - self.t0)
+    summary = run_summary(self.experiment, self.options, self.config, result,
+                          start_time=self.t0, num_params=num_params, resumed_from_step=0,
+                          metrics=metrics)
+    return self.finish(summary, completed=True, step=1)
 
   def finish(self, summary: dict[str, Any], *, completed: bool, step: int
              ) -> dict[str, Any]:

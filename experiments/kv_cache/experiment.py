@@ -51,14 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import arithmetic_task as task
-from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
-from experiments.common.results import run_summary
 from experiments.common.rl.config import RLConfig
 from experiments.common.rl.warm_start import warm_start
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import LoopResult
 from experiments.kv_cache.outliers import scale_key_channels
 from experiments.kv_cache import weights as weights_lib
 from lowprec.models import kv_cache, sampling
@@ -318,7 +315,6 @@ def train_and_evaluate(config: KVCacheConfig, options: RunOptions) -> dict[str, 
   """One evaluation run: its metrics as scalars at step 1 (HParams metrics) and one
   results row. Nothing is checkpointed (a run is seconds; a killed one reruns)."""
   options = resolve_run_options(options, EXPERIMENT, config)
-  t0 = time.time()
   with run_lib.open_run(EXPERIMENT, config, options, checkpoints=False) as run:
     params, info = base_params(config)
     run.record({"warm_start": info})
@@ -327,10 +323,5 @@ def train_and_evaluate(config: KVCacheConfig, options: RunOptions) -> dict[str, 
     metrics["kv/eval_s"] = time.perf_counter() - t_eval
     metrics["warm_start/greedy_accuracy"] = info["greedy_accuracy"]
     metrics["warm_start/steps"] = info["pretrain_steps"]
-    result = LoopResult(snapshot=Snapshot(None, None, 1, 0), completed=True,
-                        train_metrics={}, eval_metrics={}, steps_per_s=math.nan,
-                        wall_s=time.time() - t0)
-    summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
-                          num_params=sum(x.size for x in jax.tree.leaves(params)),
-                          resumed_from_step=0, metrics=metrics)
-    return run.finish(summary, completed=True, step=1)
+    return run.finish_evaluation(
+        metrics, num_params=sum(x.size for x in jax.tree.leaves(params)))

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import math
 import os
 import time
 from typing import Any
@@ -51,12 +50,9 @@ from experiments.common import lm_trainer
 from experiments.common import params_cache
 from experiments.common import run as run_lib
 from experiments.common import shakespeare
-from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import config_field
 from experiments.common.lm_trainer import LMConfig
-from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import LoopResult
 from lowprec.numerics import mx_scales
 from lowprec.numerics import recipes as recipes_lib
 
@@ -198,7 +194,6 @@ def train_and_evaluate(config: ScaleRulesConfig, options: RunOptions) -> dict[st
   """One (seed, arm) evaluation: metrics as scalars at step 1 and one results row.
   Nothing is checkpointed (a run is seconds once its base is cached)."""
   options = resolve_run_options(options, EXPERIMENT, config)
-  t0 = time.time()
   with run_lib.open_run(EXPERIMENT, config, options, checkpoints=False) as run:
     splits = shakespeare.load_splits(config.tokenization, config.validation_fraction,
                                      config.max_chars)
@@ -214,10 +209,5 @@ def train_and_evaluate(config: ScaleRulesConfig, options: RunOptions) -> dict[st
                "eval/accuracy": quantized.pop("accuracy"), "base/eval_loss": base_loss,
                "base/train_s": info["train_s"], **quantized}
     metrics["ptq/loss_increase"] = metrics["eval/loss"] - base_loss
-    result = LoopResult(snapshot=Snapshot(None, None, 1, 0), completed=True,
-                        train_metrics={}, eval_metrics={}, steps_per_s=math.nan,
-                        wall_s=time.time() - t0)
-    summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,
-                          num_params=sum(x.size for x in jax.tree.leaves(params)),
-                          resumed_from_step=0, metrics=metrics)
-    return run.finish(summary, completed=True, step=1)
+    return run.finish_evaluation(
+        metrics, num_params=sum(x.size for x in jax.tree.leaves(params)))
