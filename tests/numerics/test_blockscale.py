@@ -15,9 +15,9 @@ from lowprec import numerics
 from lowprec.numerics import blockscale
 from lowprec.numerics import encoding
 from lowprec.numerics import formats
+from lowprec.numerics.rounding import Stochastic, parse
 
 from tests.numerics import mx_reference as ref
-from lowprec.numerics.rounding import Stochastic, parse
 
 MX = blockscale.MX_ELEMENT_FORMATS
 RULES = blockscale.SCALE_RULES

@@ -13,8 +13,8 @@ import pytest
 
 from lowprec.numerics import codebooks
 from lowprec.numerics import random_bits
-from tests.numerics import codebook_reference as ref
 from lowprec.numerics.rounding import Stochastic, TowardZero
+from tests.numerics import codebook_reference as ref
 
 F32 = np.float32
 

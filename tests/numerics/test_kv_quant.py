@@ -11,9 +11,9 @@ import pytest
 
 from lowprec.numerics import kv_quant
 from lowprec.numerics.kv_quant import KVQuantSpec
+from lowprec.numerics.rounding import Stochastic, TowardZero
 from tests.numerics import format_values
 from tests.numerics import mx_reference
-from lowprec.numerics.rounding import Stochastic, TowardZero
 
 B, H, S, K = 2, 2, 6, 32
 _ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}

@@ -28,9 +28,9 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import formats
 from lowprec.numerics import mx_fast
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import parse
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
-from lowprec.numerics.rounding import parse
 
 MX = blockscale.MX_ELEMENT_FORMATS
 RULES = blockscale.SCALE_RULES

@@ -11,10 +11,10 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import kernels, outlier_data, quantizer
+from lowprec.numerics.rounding import Stochastic
 
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
-from lowprec.numerics.rounding import Stochastic
 
 SHAPE = (32, 128)
 

@@ -27,9 +27,9 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import nvfp4_fast
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import Stochastic, parse
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
-from lowprec.numerics.rounding import Stochastic, parse
 
 _E2M1_TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
 

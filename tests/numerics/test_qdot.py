@@ -24,8 +24,8 @@ from lowprec.numerics import operator_snr
 from lowprec.numerics import outlier_data
 from lowprec.numerics import qdot
 from lowprec.numerics import recipes
-from tests.numerics import mx_reference as ref
 from lowprec.numerics.rounding import Nearest, Stochastic, parse
+from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
 BF = jnp.bfloat16

@@ -34,9 +34,9 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import blockscale, kernels, qdot, quantizer, random_bits, recipes
+from lowprec.numerics.rounding import Stochastic
 
 from experiments.common.repo_paths import REPO_DIR
-from lowprec.numerics.rounding import Stochastic
 
 N_DEVICES = 4
 needs_4 = pytest.mark.skipif(

@@ -29,9 +29,9 @@ from lowprec.numerics import quantizer
 from lowprec.numerics.kernels import dispatch
 from lowprec.numerics.kernels import block_matmul
 from lowprec.numerics.kernels import mx_quantizers
+from lowprec.numerics.rounding import Stochastic, parse
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
-from lowprec.numerics.rounding import Stochastic, parse
 
 COMPILED = os.environ.get("NUMERICS_KERNEL_COMPILED") == "1"
 DEVICE_VARIANT = dispatch.TPU if jax.default_backend() == "tpu" else dispatch.GPU

@@ -16,9 +16,9 @@ import pytest
 from lowprec.numerics import codebooks
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs as mc
+from lowprec.numerics.rounding import Nearest, Stochastic, TowardZero
 from tests.numerics import codebook_reference as ref
 from tests.numerics import mx_reference
-from lowprec.numerics.rounding import Nearest, Stochastic, TowardZero
 
 F32 = np.float32
 SHAPE = (37, 29)  # 1073 elements: a partial last block for every block size here
