@@ -175,18 +175,22 @@ Rounding = Nearest | TowardZero | Stochastic
 ROUNDINGS = (Nearest.name, Stochastic.name, TowardZero.name)
 
 
-def parse(name: str, *, bits: int | None = None, rng: str = "hash") -> Rounding:
-  """The :data:`Rounding` named ``name`` (one of ``ROUNDINGS``); ``bits`` and ``rng``
-  are :class:`Stochastic`'s. For reading flags, sweep declarations and recipe names;
-  the library below takes the value."""
-  if name == Stochastic.name:
+def parse(name: str, *, bits: int | None = None, rng: str = "hash",
+          kinds: tuple[type, ...] = (Nearest, Stochastic, TowardZero)):
+  """The rounding named ``name`` (one of ``ROUNDINGS``); ``bits`` and ``rng`` are
+  :class:`Stochastic`'s. For reading flags, sweep declarations and recipe names; the
+  library below takes the value. ``kinds``: the classes (each with a ``name``) a
+  caller reads, e.g. an export's, which adds its own error feedback."""
+  names = tuple(k.name for k in kinds)
+  if name not in names:
+    raise ValueError(f"unknown rounding {name!r}; known: {', '.join(names)}")
+  kind = kinds[names.index(name)]
+  if kind is Stochastic:
     return Stochastic(bits=bits, rng=rng)
-  if name not in ROUNDINGS:
-    raise ValueError(f"unknown rounding {name!r}; known: {', '.join(ROUNDINGS)}")
   if bits is not None or rng != "hash":
     raise ValueError(f"random bits and rng are Stochastic rounding's; {name!r} would "
                      f"ignore them")
-  return Nearest() if name == Nearest.name else TowardZero()
+  return kind()
 
 
 def check_rounding(rounding, api: str = "", parser: str = "numerics.rounding.parse",

@@ -56,23 +56,16 @@ class ErrorFeedback:
   needs_key = False
 
 
-EXPORT_ROUNDINGS = (rounding_lib.Nearest.name, rounding_lib.Stochastic.name,
-                    ErrorFeedback.name)
+_KINDS = (rounding_lib.Nearest, rounding_lib.Stochastic, ErrorFeedback)
+EXPORT_ROUNDINGS = tuple(k.name for k in _KINDS)
 
 
 def parse_rounding(name: str, *, bits: int | None = None, rng: str = "hash"
                    ) -> rounding_lib.Rounding | ErrorFeedback:
-  """The export rounding named ``name`` (one of ``EXPORT_ROUNDINGS``):
-  ``"error_feedback"`` is :class:`ErrorFeedback`, the others
-  :func:`numerics.rounding.parse`'s. For flags and sweep declarations."""
-  if name not in EXPORT_ROUNDINGS:
-    raise ValueError(f"unknown rounding {name!r}; known: {', '.join(EXPORT_ROUNDINGS)}")
-  if name == ErrorFeedback.name:
-    if bits is not None or rng != "hash":
-      raise ValueError("random bits and rng are Stochastic rounding's; "
-                       "'error_feedback' would ignore them")
-    return ErrorFeedback()
-  return rounding_lib.parse(name, bits=bits, rng=rng)
+  """The export rounding named ``name`` (one of ``EXPORT_ROUNDINGS``; ``"error_feedback"``
+  is :class:`ErrorFeedback`), as :func:`numerics.rounding.parse`. For flags and sweep
+  declarations."""
+  return rounding_lib.parse(name, bits=bits, rng=rng, kinds=_KINDS)
 
 
 # Formats whose served copy is stored in their own dtype (XLA holds them everywhere).
@@ -98,9 +91,8 @@ class ExportSpec:
   rounding: rounding_lib.Rounding | ErrorFeedback = rounding_lib.Nearest()
 
   def __post_init__(self):
-    rounding_lib.check_rounding(
-        self.rounding, "ExportSpec", "numerics.export.parse_rounding",
-        (rounding_lib.Nearest, rounding_lib.Stochastic, ErrorFeedback))
+    rounding_lib.check_rounding(self.rounding, "ExportSpec",
+                                "numerics.export.parse_rounding", _KINDS)
     target = self.target
     if isinstance(target, formats_lib.Format):
       object.__setattr__(self, "target", target.name)

@@ -64,21 +64,15 @@ class Kahan:
     object.__setattr__(self, "compensation_dtype", dtype)
 
 
-ROUNDINGS = (rounding_lib.Nearest.name, rounding_lib.Stochastic.name, Kahan.name)
+_KINDS = (rounding_lib.Nearest, rounding_lib.Stochastic, Kahan)
+ROUNDINGS = tuple(k.name for k in _KINDS)
 
 
 def parse_rounding(name: str, *, bits: int | None = None, rng: str = "hash"
                    ) -> rounding_lib.Rounding | Kahan:
-  """The master-weight rounding named ``name`` (one of ``ROUNDINGS``): ``"kahan"`` is
-  :class:`Kahan` (bfloat16 buffers), the others :func:`numerics.rounding.parse`'s."""
-  if name not in ROUNDINGS:
-    raise ValueError(f"unknown rounding {name!r}; known: {', '.join(ROUNDINGS)}")
-  if name == Kahan.name:
-    if bits is not None or rng != "hash":
-      raise ValueError("random bits and rng are Stochastic rounding's; 'kahan' would "
-                       "ignore them")
-    return Kahan()
-  return rounding_lib.parse(name, bits=bits, rng=rng)
+  """The master-weight rounding named ``name`` (one of ``ROUNDINGS``; ``"kahan"`` is
+  :class:`Kahan` with bfloat16 buffers), as :func:`numerics.rounding.parse`."""
+  return rounding_lib.parse(name, bits=bits, rng=rng, kinds=_KINDS)
 
 
 class MasterWeightsState(NamedTuple):
@@ -114,8 +108,7 @@ def bf16_master_weights(
     requires ``params`` and returns float32 updates for the low-precision leaves.
   """
   rounding_lib.check_rounding(rounding, "bf16_master_weights",
-                              "numerics.optim.master_weights.parse_rounding",
-                              (rounding_lib.Nearest, rounding_lib.Stochastic, Kahan))
+                              "numerics.optim.master_weights.parse_rounding", _KINDS)
   kahan = isinstance(rounding, Kahan)
   stochastic = isinstance(rounding, rounding_lib.Stochastic)
   if stochastic != (key is not None):

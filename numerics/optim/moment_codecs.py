@@ -78,7 +78,8 @@ KINDS = ("identity", "cast", "scaled", "codebook", "mx")
 SCALED_FORMATS = ("int8", "e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 CAST_FORMATS = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 # The names of the roundings a codec takes (numerics.rounding.parse reads them).
-ROUNDINGS = (rounding_lib.Nearest.name, rounding_lib.Stochastic.name)
+_KINDS = (rounding_lib.Nearest, rounding_lib.Stochastic)
+ROUNDINGS = tuple(k.name for k in _KINDS)
 _U = np.uint32
 _UINT8_TOP = 255.0
 _MIN_NORMAL = np.float32(2.0 ** -126)
@@ -114,8 +115,7 @@ class MomentCodec:
     k = self.kind
     if k not in KINDS:
       raise ValueError(f"unknown codec kind {k!r}; known: {', '.join(KINDS)}")
-    rounding_lib.check_rounding(self.rounding, "MomentCodec",
-                                kinds=(rounding_lib.Nearest, rounding_lib.Stochastic))
+    rounding_lib.check_rounding(self.rounding, "MomentCodec", kinds=_KINDS)
     if k == "identity":
       if self.fmt != "fp32":
         raise ValueError(f"the identity codec stores fp32, got fmt={self.fmt!r}")
