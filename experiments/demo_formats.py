@@ -19,6 +19,7 @@ from experiments.common.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import operator_snr
 from lowprec.numerics.outlier_data import outlier_data
+from lowprec.numerics.rounding import Stochastic
 
 
 def error_row(x: np.ndarray, q: np.ndarray) -> dict:
@@ -42,7 +43,7 @@ def table(x: jax.Array, key: jax.Array) -> list[tuple[str, str, dict]]:
       rows.append((name, f"MX 1x32 {rule}", error_row(xs, np.asarray(q))))
   q = numerics.dequantize(numerics.quantize_mx(x, "e2m1", block_shape=(32, 32)))
   rows.append(("e2m1", "MX 32x32 floor", error_row(xs, np.asarray(q))))
-  q = numerics.dequantize(numerics.quantize_mx(x, "e2m1", rounding="stochastic", key=key))
+  q = numerics.dequantize(numerics.quantize_mx(x, "e2m1", rounding=Stochastic(), key=key))
   rows.append(("e2m1", "MX 1x32 floor SR", error_row(xs, np.asarray(q))))
   q = numerics.dequantize(numerics.quantize_nvfp4(x))
   rows.append(("nvfp4", "1x16 E4M3 + fp32", error_row(xs, np.asarray(q))))

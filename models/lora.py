@@ -106,9 +106,9 @@ class LoRAConfig:
       if bf.is_cast:
         raise ValueError("base_format QuantSpec must be a block format (MX, nvfp4); "
                          "use 'bf16' for a cast")
-      if bf.needs_key:
-        raise ValueError("the frozen base is quantized once, deterministically: "
-                         "QuantSpec rounding must not be 'stochastic'")
+      if bf.rounding.needs_key:
+        raise ValueError(f"the frozen base is quantized once, deterministically: "
+                         f"QuantSpec rounding must not be stochastic, got {bf.rounding}")
     elif bf not in BASE_FORMATS:
       raise ValueError(f"unknown base_format {bf!r}; use one of {BASE_FORMATS} or a "
                        f"lowprec.numerics.quantizer.QuantSpec")

@@ -24,7 +24,6 @@ emulation for studying numerics, not a fast path.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +32,7 @@ import numpy as np
 
 from lowprec.numerics import rounding as rounding_lib
 
-AccumulatorRounding = Literal["toward_zero", "nearest"]
+AccumulatorRounding = rounding_lib.TowardZero | rounding_lib.Nearest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +44,13 @@ class Accumulation:
       Hopper FP8 GEMMs: about 14), in [1, 23].
     promote_every: products accumulated in the narrow partial sum before it is added
       to the float32 accumulator (DeepSeek-V3: 128); None: never promoted.
-    rounding: how the partial sum is rounded to ``fraction_bits``: ``toward_zero``
-      (truncation) or ``nearest`` (ties to even).
+    rounding: how the partial sum is rounded to ``fraction_bits``: ``TowardZero()``
+      (truncation) or ``Nearest()`` (ties to even).
   """
 
   fraction_bits: int = 14
   promote_every: int | None = 128
-  rounding: AccumulatorRounding = "toward_zero"
+  rounding: AccumulatorRounding = rounding_lib.TowardZero()
 
   def __post_init__(self):
     fb = self.fraction_bits
@@ -61,13 +60,13 @@ class Accumulation:
     if pe is not None and (isinstance(pe, bool) or not isinstance(pe, (int, np.integer))
                            or pe < 1):
       raise ValueError(f"promote_every must be a positive int or None, got {pe!r}")
-    if self.rounding not in ("toward_zero", "nearest"):
-      raise ValueError(f"rounding must be 'toward_zero' or 'nearest', got "
-                       f"{self.rounding!r}")
+    rounding_lib.check_rounding(self.rounding, "Accumulation",
+                                kinds=(rounding_lib.TowardZero, rounding_lib.Nearest))
 
 
 def round_fraction(x: jax.Array, fraction_bits: int,
-                   rounding: AccumulatorRounding = "toward_zero") -> jax.Array:
+                   rounding: AccumulatorRounding = rounding_lib.TowardZero()
+                   ) -> jax.Array:
   """float32 ``x`` rounded to ``fraction_bits`` bits below its leading one.
 
   Bit-level (float32 subnormals keep their absolute quantum ``2^(-126 - bits)``);

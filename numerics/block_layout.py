@@ -33,7 +33,6 @@ import numpy as np
 
 from lowprec.numerics import encoding
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.mx_scales import (MX_BLOCK, MX_ELEMENT_FORMATS, QWIX_RULE,
                                         SCALE_RULES)
@@ -291,32 +290,10 @@ def check_block_input(x: jax.Array, fn: str) -> jax.Array:
   return x.astype(jnp.float32)
 
 
-def stochastic_words(key, xp, rounding, rng):
-  """Stochastic rounding's words for the padded array ``xp`` (its shard's own words
-  inside ``shard_map``: :mod:`numerics.random_bits`)."""
-  if rounding == "stochastic":
-    if key is None:
-      raise ValueError("rounding='stochastic' needs a PRNG key")
-    return random_bits_lib.random_words(key, xp.shape, method=rng, shard_of=xp)
-  if rounding not in rounding_lib.ROUNDINGS:
-    raise ValueError(f"unknown rounding {rounding!r}; known: "
-                     f"{', '.join(rounding_lib.ROUNDINGS)}")
-  return None
-
-
-def lazy_stochastic_words(key, xp, rounding, rng):
-  """Stochastic rounding's words as a function (None for other roundings): called
-  where they are used (e.g. inside ``lax.cond``'s branches), they fuse into the
-  rounding instead of being materialized."""
-  if rounding != "stochastic":
-    return None
-  return lambda: stochastic_words(key, xp, rounding, rng)
-
-
-def round_elements(a, sign, fmt, scale_exp, rounding, words, rand_bits):
+def round_elements(a, sign, fmt, scale_exp, rounding, words):
   """Element values of magnitude bits ``a`` / 2^scale_exp, saturated, as f32 bits."""
   mag = rounding_lib.round_magnitude(a, fmt.man_bits, fmt.emin, rounding, words,
-                                     rand_bits, scale_exp=scale_exp)
+                                     scale_exp=scale_exp)
   max_bits = _U(np.float32(fmt.max).view(np.uint32))
   return jnp.where(mag > max_bits, max_bits, mag) | (sign << 31)
 

@@ -209,25 +209,26 @@ def get(book: str | Codebook) -> Codebook:
 
 
 @functools.partial(jax.jit, static_argnames=("book", "rounding"))
-def encode(n: jax.Array, book: str | Codebook, *, rounding: str = "nearest",
+def encode(n: jax.Array, book: str | Codebook, *,
+           rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
            words: jax.Array | None = None) -> jax.Array:
   """uint8 codes of normalized float32 values ``n`` (any shape; see module rules).
 
   Args:
     n: float32 values, normally in [-1, 1] (outside clamps to the end levels).
     book: the codebook.
-    rounding: ``nearest`` or ``stochastic``.
-    words: uint32 uniform random words of ``n``'s shape, for ``stochastic``.
+    rounding: ``Nearest()`` or ``Stochastic()`` (its ``bits`` and ``rng`` unused: the
+      caller brings the words).
+    words: uint32 uniform random words of ``n``'s shape, for ``Stochastic()``.
   """
   b = get(book)
   n = rounding_lib.check_float_input(n, "codebooks.encode").astype(jnp.float32)
-  if rounding == "nearest":
+  rounding_lib.check_rounding(rounding, "codebooks.encode",
+                              kinds=(rounding_lib.Nearest, rounding_lib.Stochastic))
+  if not rounding.needs_key:
     if words is not None:
-      raise ValueError("words are only used with rounding='stochastic'")
+      raise ValueError("words are only used with Stochastic rounding")
     return jnp.searchsorted(jnp.asarray(b.thresholds), n, side="left").astype(jnp.uint8)
-  if rounding != "stochastic":
-    raise ValueError(f"codebook rounding must be 'nearest' or 'stochastic', got "
-                     f"{rounding!r}")
   if words is None or words.dtype != jnp.uint32 or words.shape != n.shape:
     raise ValueError(f"stochastic rounding needs uint32 words of shape {n.shape}")
   lv = jnp.asarray(b.levels_array)
@@ -264,7 +265,8 @@ def normalize(x_NxB: jax.Array, absmax_N: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("book", "rounding"))
-def quantize_blocks(x_NxB: jax.Array, book: str | Codebook, *, rounding: str = "nearest",
+def quantize_blocks(x_NxB: jax.Array, book: str | Codebook, *,
+                    rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
                     words: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Blockwise absmax quantization of float32 rows: (uint8 codes [N, B], absmax [N])."""
   x = rounding_lib.check_float_input(x_NxB, "codebooks.quantize_blocks").astype(

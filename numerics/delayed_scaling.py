@@ -36,7 +36,6 @@ import numpy as np
 
 from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 
 AmaxAlgo = Literal["max", "most_recent"]
@@ -64,11 +63,11 @@ def init_state(history_len: int) -> DelayedScalingState:
                              jnp.ones((), jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "rounding", "rand_bits"))
+@functools.partial(jax.jit, static_argnames=("fmt", "rounding"))
 def quantize_dequantize(x: jax.Array, state: DelayedScalingState,
-                        fmt: str | formats_lib.Format, *, rounding: str = "nearest",
-                        key: jax.Array | None = None, rand_bits: int | None = None
-                        ) -> jax.Array:
+                        fmt: str | formats_lib.Format, *,
+                        rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                        key: jax.Array | None = None) -> jax.Array:
   """float32 ``R(clip(x * s, -max, max)) * (1 / s)`` with the state's scale ``s``.
 
   ``R`` is :func:`numerics.rounding.round_f32` to ``fmt`` with ``rounding`` (NaN stays
@@ -79,13 +78,10 @@ def quantize_dequantize(x: jax.Array, state: DelayedScalingState,
       jnp.float32)
   scale = jnp.asarray(state.scale, jnp.float32)
   scaled = jnp.clip(x * scale, -np.float32(f.max), np.float32(f.max))
-  words = None
-  if rounding == "stochastic":
-    if key is None:
-      raise ValueError("rounding='stochastic' needs a PRNG key")
-    words = random_bits_lib.random_words(key, x.shape, shard_of=x)
-  q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words,
-                             rand_bits=rand_bits, saturate=True)
+  rounding_lib.check_rounding_and_key(rounding, key,
+                                      "delayed_scaling.quantize_dequantize")
+  words = rounding.words(key, x.shape, shard_of=x)
+  q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words, saturate=True)
   return q * float_bits.div_rn(np.float32(1.0), scale)
 
 

@@ -78,7 +78,6 @@ KV_FORMATS = ("fp32", "bf16", "e4m3", "e5m2", "int8", "nvfp4")
 GRANULARITIES = ("tensor", "head", "token", "block")
 STATIC_GRANULARITIES = ("tensor", "head")
 _SCALED_FORMATS = ("e4m3", "e5m2", "int8")
-_KV_ROUNDINGS = ("nearest", "stochastic")
 _INT8_NAN_CODE = 0x80  # -128: unused by the symmetric grid; decodes to NaN
 
 
@@ -91,21 +90,20 @@ class KVQuantSpec:
     granularity: the scale granularity: ``None`` for fp32/bf16 (unscaled);
       ``tensor``, ``head``, ``token`` or ``block`` for e4m3/e5m2/int8; ``block``
       for nvfp4 (see the module docstring's table).
-    rounding: ``nearest`` (round half to even) or ``stochastic`` (needs a key at
-      every :func:`write`; not for fp32).
+    rounding: ``Nearest()`` (round half to even) or ``Stochastic(bits=..., rng=...)``
+      (needs a key at every :func:`write`; not for fp32); see
+      :mod:`numerics.rounding`.
     block_size: MX block length along the head dim (``block`` granularity of
       e4m3/e5m2/int8 only; default 32, the OCP block). nvfp4's block is 16.
     scale_rule: MX scale rule (``block`` granularity of e4m3/e5m2/int8 only;
       default ``floor``, OCP MX v1.0).
-    rand_bits: random bits per element for stochastic rounding (None: all).
   """
 
   fmt: str = "fp32"
   granularity: str | None = None
-  rounding: str = "nearest"
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   block_size: int | None = None
   scale_rule: str | None = None
-  rand_bits: int | None = None
 
   def __post_init__(self):
     if self.fmt not in KV_FORMATS:
@@ -113,10 +111,8 @@ class KVQuantSpec:
     if self.granularity is not None and self.granularity not in GRANULARITIES:
       raise ValueError(f"unknown granularity {self.granularity!r}; known: "
                        f"{', '.join(GRANULARITIES)}")
-    if self.rounding not in _KV_ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}; known: "
-                       f"{', '.join(_KV_ROUNDINGS)}")
-    rounding_lib.check_rand_bits(self.rand_bits)
+    rounding_lib.check_rounding(self.rounding, "KVQuantSpec",
+                                kinds=(rounding_lib.Nearest, rounding_lib.Stochastic))
     if self.fmt in ("fp32", "bf16"):
       if self.granularity is not None:
         raise ValueError(f"fmt={self.fmt!r} is unscaled; granularity must be None, got "
@@ -144,12 +140,8 @@ class KVQuantSpec:
       if self.scale_rule not in blockscale.SCALE_RULES:
         raise ValueError(f"unknown scale_rule {self.scale_rule!r}; known: "
                          f"{', '.join(blockscale.SCALE_RULES)}")
-    if self.fmt == "fp32" and self.rounding != "nearest":
-      raise ValueError("fp32 stores values unrounded; rounding must be 'nearest'")
-    if self.fmt == "fp32" and self.rand_bits is not None:
-      raise ValueError("rand_bits has no effect on fp32")
-    if self.rand_bits is not None and self.rounding != "stochastic":
-      raise ValueError("rand_bits applies to stochastic rounding only")
+    if self.fmt == "fp32" and self.rounding.needs_key:
+      raise ValueError("fp32 stores values unrounded; rounding must be Nearest()")
 
   @property
   def is_mx(self) -> bool:
@@ -167,10 +159,6 @@ class KVQuantSpec:
   @property
   def mx_scale_rule(self) -> str:
     return "floor" if self.scale_rule is None else self.scale_rule
-
-  @property
-  def needs_key(self) -> bool:
-    return self.rounding == "stochastic"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,8 +273,7 @@ def _scaled_codes(x: jax.Array, s: jax.Array, spec: KVQuantSpec,
   """uint8 codes of ``cast(x * (1 / s))`` (x float32, s broadcastable to x)."""
   f = formats_lib.get(spec.fmt)
   v = x * (jnp.float32(1.0) / s)
-  y = rounding_lib.cast(v, f, rounding=spec.rounding, key=key, saturate=True,
-                        rand_bits=spec.rand_bits)
+  y = rounding_lib.cast(v, f, rounding=spec.rounding, key=key, saturate=True)
   codes = encoding.encode(y, f)
   if f.kind == "int":
     codes = jnp.where(jnp.isnan(y), jnp.uint8(_INT8_NAN_CODE), codes)
@@ -313,8 +300,8 @@ def _nvfp4_write(x_BxHxTxK: jax.Array, spec: KVQuantSpec, key: jax.Array | None)
   b, _, t, _ = x_BxHxTxK.shape
   x_BxTxHxK = x_BxHxTxK.transpose(0, 2, 1, 3)
   quant = lambda x, k: blockscale.quantize_nvfp4(
-      x, rounding=spec.rounding, key=k, rand_bits=spec.rand_bits)
-  if spec.needs_key:
+      x, rounding=spec.rounding, key=k)
+  if spec.rounding.needs_key:
     keys = jax.random.split(key, b * t)
     keys = keys.reshape((b, t) + keys.shape[1:])
     q = jax.vmap(jax.vmap(quant))(x_BxTxHxK, keys)
@@ -349,9 +336,9 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
     raise ValueError(f"x must be [B={b}, H={h}, T<={s}, K={k}], got shape {x.shape}")
   if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
     raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-  if spec.needs_key and key is None:
+  if spec.rounding.needs_key and key is None:
     raise ValueError("stochastic rounding needs a PRNG key at every write")
-  if not spec.needs_key:
+  if not spec.rounding.needs_key:
     key = None  # a key is "unused otherwise": the casts refuse one they would ignore
   x = x.astype(jnp.float32)
   if spec.fmt != "fp32":
@@ -364,7 +351,7 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
     codes = x
   elif spec.fmt == "bf16":
     codes = rounding_lib.cast(x, "bf16", rounding=spec.rounding, key=key,
-                              saturate=False, rand_bits=spec.rand_bits)
+                              saturate=False)
   elif spec.fmt == "nvfp4":
     codes, blk, ts = _nvfp4_write(x, spec, key)
     scales = put(scales, blk, at4)
@@ -372,7 +359,7 @@ def write(cache: QuantizedKV, x_BxHxTxK: jax.Array, start: jax.Array | int,
   elif spec.is_mx:
     q = blockscale.quantize_mx(x, spec.fmt, block_shape=spec.mx_block, axis=-1,
                                scale_rule=spec.mx_scale_rule, rounding=spec.rounding,
-                               key=key, rand_bits=spec.rand_bits)
+                               key=key)
     codes = q.codes
     scales = put(scales, q.scales, at4)
   elif spec.granularity == "token":

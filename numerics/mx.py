@@ -43,7 +43,6 @@ from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import gradients as gradients_lib
 from lowprec.numerics import mx_fast
 from lowprec.numerics import mx_scales
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import QuantizedArray
 from lowprec.numerics.mx_scales import (MX_CONVENTIONS, MX_ELEMENT_FORMATS,
@@ -54,7 +53,7 @@ _U = np.uint32
 _POISON = np.int32(1 << 20)  # beyond every block's grid exponent
 
 
-def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
+def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words):
   """(element f32 bits with sign, scale codes (blocked shape), s_int, poisoned)."""
   b = lax.bitcast_convert_type(xp, jnp.uint32)
   sign = b >> 31
@@ -69,7 +68,7 @@ def _mx_elements(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits):
   s_full = jnp.broadcast_to(jnp.where(poisoned, _POISON, s_int), bshape).reshape(xp.shape)
   poison_full = s_full == _POISON
   a_fin = jnp.where(poison_full, _U(0), a)
-  elem = block_layout.round_elements(a_fin, sign, f, s_full, rounding, words, rand_bits)
+  elem = block_layout.round_elements(a_fin, sign, f, s_full, rounding, words)
   scale_codes = jnp.where(poisoned, 255, code).astype(jnp.uint8)
   return elem, jnp.squeeze(scale_codes, axis=bpos), s_full, poison_full
 
@@ -103,8 +102,8 @@ def mx_grid_exponents(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
 
 
 def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
-                     blocks: tuple[int, ...], scale_rule: str, rounding: str,
-                     words: jax.Array | None, rand_bits: int | None
+                     blocks: tuple[int, ...], scale_rule: str,
+                     rounding: rounding_lib.Rounding, words: jax.Array | None
                      ) -> tuple[jax.Array, jax.Array]:
   """(element codes, E8M0 scale codes) of float32 ``xp`` (block-divisible shape).
 
@@ -113,15 +112,15 @@ def mx_quantize_core(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...]
   tests hold both against the independent NumPy reference, not only each other).
   """
   elem, scale_codes, _, poison = _mx_elements(xp, f, axes, blocks, scale_rule,
-                                              rounding, words, rand_bits)
+                                              rounding, words)
   codes = encoding.encode(lax.bitcast_convert_type(elem, jnp.float32), f)
   return jnp.where(poison, jnp.uint8(0), codes), scale_codes
 
 
 def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
                                 axes: tuple[int, ...], blocks: tuple[int, ...],
-                                scale_rule: str, rounding: str, words: jax.Array | None,
-                                rand_bits: int | None) -> jax.Array:
+                                scale_rule: str, rounding: rounding_lib.Rounding,
+                                words: jax.Array | None) -> jax.Array:
   """float32 ``dequantize(quantize_mx(xp))`` of a block-divisible float32 ``xp``.
 
   Integer ops only (the elements are scaled back by exponent arithmetic); run by
@@ -129,7 +128,7 @@ def mx_quantize_dequantize_core(xp: jax.Array, f: formats_lib.Format,
   :mod:`numerics.kernels.mx_quantizers`.
   """
   elem, _, s_full, poison = _mx_elements(xp, f, axes, blocks, scale_rule, rounding,
-                                         words, rand_bits)
+                                         words)
   mag = float_bits.ldexp_bits(elem & _U(0x7FFFFFFF), s_full)
   sign = elem & _U(0x80000000)
   if not f.kind == "float":  # INT8 has no negative zero
@@ -156,8 +155,7 @@ def mx_scale_clamped(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
   return jnp.squeeze((code < 0) | (code > 254), axis=bpos)
 
 
-def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
-             fn, convention="ocp"):
+def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, fn, convention="ocp"):
   """Validated (format name, float32 x, axes, blocks, scale rule) for the MX entry
   points; the scale rule is ``qwix``'s under ``convention="qwix"``."""
   f = formats_lib.get(fmt)
@@ -179,23 +177,23 @@ def _mx_args(x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rn
   elif scale_rule not in SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: "
                      f"{', '.join(SCALE_RULES)}")
-  rounding_lib.check_rounding_args(rounding, key, rand_bits, rng)
+  rounding_lib.check_rounding_and_key(rounding, key, fn)
   x = block_layout.check_block_input(x, fn)
   axes, blocks = block_layout.resolve_layout(x.ndim, block_shape, axis)
   return f.name, x, axes, blocks, scale_rule
 
 
-_MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "rand_bits", "pad", "rng")
+_MX_STATIC = ("fmt", "axes", "blocks", "scale_rule", "rounding", "pad")
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
-def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, rng):
+def _qdq_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, pad):
   f = formats_lib.get(fmt)
 
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
-    words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
-    out = mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits,
+    words = rounding.lazy_words(key, xp)
+    out = mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words,
                            dequantize=True)
     return out[tuple(slice(0, d) for d in x.shape)]
 
@@ -206,9 +204,9 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
                            block_shape: int | Sequence[int] | None = None,
                            axis: int | Sequence[int] | None = None,
                            scale_rule: ScaleRule | None = None,
-                           rounding: str = "nearest", key: jax.Array | None = None,
-                           rand_bits: int | None = None, pad: bool = False,
-                           rng: random_bits_lib.Method = "hash", convention: str = "ocp"
+                           rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                           key: jax.Array | None = None, pad: bool = False,
+                           convention: str = "ocp"
                            ) -> jax.Array:
   """``dequantize(quantize_mx(x, ...))`` without forming codes (fake quantization).
 
@@ -218,24 +216,23 @@ def quantize_dequantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3",
   Gradient: straight-through (the cotangent, in x's dtype).
   """
   fmt, x32, axes, blocks, scale_rule = _mx_args(
-      x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng,
-      "quantize_dequantize_mx", convention)
+      x, fmt, block_shape, axis, scale_rule, rounding, key, "quantize_dequantize_mx",
+      convention)
   out = _qdq_mx(jnp.asarray(x), key, fmt=fmt, axes=axes, blocks=blocks,
-                scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
-                rng=rng)
+                scale_rule=scale_rule, rounding=rounding, pad=pad)
   del x32
   return out
 
 
 @functools.partial(jax.jit, static_argnames=_MX_STATIC)
-def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, pad, rng):
+def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, pad):
   f = formats_lib.get(fmt)
 
   def run(x, key):
     x = x.astype(jnp.float32)
     xp = block_layout.pad_blocks(x, axes, blocks, pad)
-    words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
-    return mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words, rand_bits,
+    words = rounding.lazy_words(key, xp)
+    return mx_fast.quantize(xp, f, axes, blocks, scale_rule, rounding, words,
                             dequantize=False)
 
   return gradients_lib.not_differentiable(
@@ -245,9 +242,9 @@ def _quantize_mx(x, key, *, fmt, axes, blocks, scale_rule, rounding, rand_bits, 
 def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
                 block_shape: int | Sequence[int] | None = None,
                 axis: int | Sequence[int] | None = None,
-                scale_rule: ScaleRule | None = None, rounding: str = "nearest",
-                key: jax.Array | None = None, rand_bits: int | None = None,
-                pad: bool = False, rng: random_bits_lib.Method = "hash",
+                scale_rule: ScaleRule | None = None,
+                rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                key: jax.Array | None = None, pad: bool = False,
                 convention: str = "ocp") -> QuantizedArray:
   """OCP MX block quantization with E8M0 scales.
 
@@ -260,11 +257,12 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
       (default: the last ``len(block_shape)``).
     scale_rule: floor (OCP; the default), ceil, rceil, even, alto
       (:mod:`numerics.mx_scales`). Leave unset with ``convention="qwix"``.
-    rounding: element rounding, ``nearest`` (RNE) or ``stochastic`` (needs ``key``;
-      the scale stays deterministic) or ``toward_zero``.
-    key, rand_bits, rng: stochastic rounding's key, random bits per element and
-      generator, as in :func:`numerics.cast` (only with ``rounding='stochastic'``);
-      words are indexed by the row-major position in the padded array.
+    rounding: element rounding (:mod:`numerics.rounding`), ``Nearest()`` (RNE),
+      ``Stochastic(bits=..., rng=...)`` (needs ``key``; the scale stays
+      deterministic) or ``TowardZero()``.
+    key: stochastic rounding's key, as in :func:`numerics.cast` (only with
+      ``Stochastic``); words are indexed by the row-major position in the padded
+      array.
     pad: zero-pad blocked axes to a multiple of the block instead of raising.
     convention: ``"ocp"`` (default: OCP MX with ``scale_rule``) or ``"qwix"``: qwix
       0.1.8's mxfp8 (``fmt="e4m3"``) or mxfp4 (``"e2m1"``) scale, bit for bit with
@@ -279,12 +277,10 @@ def quantize_mx(x: jax.Array, fmt: str | formats_lib.Format = "e4m3", *,
     :func:`numerics.fake_quant` for a straight-through gradient.
   """
   fmt, x32, axes, blocks, scale_rule = _mx_args(
-      x, fmt, block_shape, axis, scale_rule, rounding, key, rand_bits, rng, "quantize_mx",
-      convention)
+      x, fmt, block_shape, axis, scale_rule, rounding, key, "quantize_mx", convention)
   codes, scale_codes = _quantize_mx(jnp.asarray(x), key, fmt=fmt, axes=axes,
                                     blocks=blocks, scale_rule=scale_rule,
-                                    rounding=rounding, rand_bits=rand_bits, pad=pad,
-                                    rng=rng)
+                                    rounding=rounding, pad=pad)
   return QuantizedArray(codes=codes, scales=scale_codes,
                         tensor_scale=jnp.float32(1.0), fmt=fmt, scale_fmt="e8m0",
                         axes=axes, block_shape=blocks, shape=tuple(x32.shape),

@@ -61,6 +61,7 @@ import numpy as np
 from lowprec.numerics import block_layout
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import mx_scales
+from lowprec.numerics import rounding as rounding_lib
 
 _I = np.int32
 _ONE_EXP = _I(1 << 23)  # one unit of the float32 exponent field
@@ -104,34 +105,33 @@ def check_format(f: formats_lib.Format) -> None:
   assert f.emin + 127 - f.man_bits >= 1 and f.man_bits + 1 < 22, f.name
 
 
-def round_to_grid(m: jax.Array, f: formats_lib.Format, rounding: str,
-                  words: jax.Array | None = None, rand_bits: int | None = None
-                  ) -> jax.Array:
+def round_to_grid(m: jax.Array, f: formats_lib.Format, rounding: rounding_lib.Rounding,
+                  words: jax.Array | None = None) -> jax.Array:
   """float32 ``m >= 0`` (normal or zero, below ``2^(emax + 2)``) rounded onto ``f``'s
   grid and saturated at ``f.max``; equal bit for bit to
   :func:`numerics.rounding.round_magnitude` followed by saturation.
 
-  ``words``: uint32 random words of ``m``'s shape for ``stochastic``; ``rand_bits``
-  as in :func:`numerics.cast`.
+  ``words``: uint32 random words of ``m``'s shape for :class:`Stochastic` rounding.
   """
   check_format(f)
   eq = _quantum_exponent(m, f)
-  if rounding == "nearest":
+  if isinstance(rounding, rounding_lib.Nearest):
     c = _f32(((eq + _I(23)) << 23) | _I(0x400000))
     r = (m + c) - c
   else:
     q = _f32(eq << 23)
     t = m * _f32((_I(254) - eq) << 23)  # m / q, exact
     k = jnp.floor(t)
-    if rounding == "toward_zero":
+    if isinstance(rounding, rounding_lib.TowardZero):
       r = k * q
-    elif rounding == "stochastic":
+    elif isinstance(rounding, rounding_lib.Stochastic):
       if words is None:
         raise ValueError("stochastic rounding needs random words")
       # The fraction's top 32 bits (exact: t - k has at most 24 significant bits).
       frac = ((t - k) * np.float32(2.0 ** 32)).astype(jnp.uint32)
-      if rand_bits is not None and rand_bits < 32:
-        words = words & np.uint32((0xFFFFFFFF << (32 - rand_bits)) & 0xFFFFFFFF)
+      bits = rounding.bits
+      if bits is not None and bits < 32:
+        words = words & np.uint32((0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF)
       away = words > ~frac  # frac + words >= 2^32
       r = (k + away.astype(jnp.float32)) * q
     else:
@@ -184,8 +184,8 @@ def _materialize_int(*block_values: jax.Array) -> tuple[jax.Array, ...]:
 
 
 def quantize(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
-             blocks: tuple[int, ...], scale_rule: str, rounding: str,
-             words: jax.Array | Callable[[], jax.Array] | None, rand_bits: int | None,
+             blocks: tuple[int, ...], scale_rule: str, rounding: rounding_lib.Rounding,
+             words: jax.Array | Callable[[], jax.Array] | None,
              *, dequantize: bool) -> jax.Array | tuple[jax.Array, jax.Array]:
   """MX quantization of float32 ``xp`` (block-divisible shape) in two passes: the
   block amaxes, then the elements in float arithmetic.
@@ -213,8 +213,7 @@ def quantize(xp: jax.Array, f: formats_lib.Format, axes: tuple[int, ...],
   s, = _materialize_int(s)
   words = words() if callable(words) else words
   m = scaled_magnitude(a, s)  # zero in poisoned blocks
-  r = round_to_grid(m, f, rounding, None if words is None else words.reshape(bshape),
-                    rand_bits)
+  r = round_to_grid(m, f, rounding, None if words is None else words.reshape(bshape))
   poison = s == _POISON
   if dequantize:
     mag = scale_back(r, s)

@@ -43,7 +43,6 @@ from lowprec.numerics import nvfp4_fast
 from lowprec.numerics import nvfp4_qwix
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import nvfp4_torchao
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import (AmaxAxisName, NVFP4_BLOCK, NVFP4_CONVENTIONS,
                                           NVFP4_SCALE_RULES, QuantizedArray)
@@ -58,37 +57,34 @@ def nvfp4_layout(ndim: int, block_shape, axis) -> tuple[tuple[int, ...], tuple[i
   return axes, blocks
 
 
-def _nvfp4_args(x, block_shape, axis, rounding, key, rand_bits, rng, convention, fn,
+def _nvfp4_args(x, block_shape, axis, rounding, key, convention, fn,
                 amax_axis_name=None):
   if convention not in NVFP4_CONVENTIONS:
     raise ValueError(f"NVFP4 convention must be one of {NVFP4_CONVENTIONS}, got "
                      f"{convention!r}")
-  rounding_lib.check_rounding_args(rounding, key, rand_bits, rng)
+  rounding_lib.check_rounding_and_key(rounding, key, fn)
   x32 = block_layout.check_block_input(x, fn)
   return (x32, nvfp4_layout(x32.ndim, block_shape, axis),
           block_layout.check_amax_axis_name(amax_axis_name, fn))
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention",
-    "amax_axis_name"))
-def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention,
-                    amax_axis_name):
+    "axes", "blocks", "rounding", "pad", "convention", "amax_axis_name"))
+def _quantize_nvfp4(x, key, *, axes, blocks, rounding, pad, convention, amax_axis_name):
 
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
-    words = block_layout.stochastic_words(key, xp, rounding, rng)
+    words = rounding.words(key, xp.shape, shard_of=xp)
     if convention == "te":
       return nvfp4_fast.nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
-                                      rand_bits=rand_bits, dequantize=False,
-                                      amax_axis_name=amax_axis_name)
+                                      dequantize=False, amax_axis_name=amax_axis_name)
     if convention == "qwix":
       codes, scale_codes, _ = nvfp4_qwix.nvfp4_qwix_quantize_core(
-          xp, axes, blocks, rounding, words, rand_bits)
+          xp, axes, blocks, rounding, words)
       return codes, scale_codes, jnp.float32(1.0)
     pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
     codes, scale_codes, _ = nvfp4_torchao.nvfp4_torchao_quantize_core(
-        xp, pts, axes, blocks, rounding, words, rand_bits)
+        xp, pts, axes, blocks, rounding, words)
     return codes, scale_codes, pts
 
   return gradients_lib.not_differentiable(
@@ -98,9 +94,9 @@ def _quantize_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conv
 
 def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = None,
                    axis: int | Sequence[int] | None = None,
-                   rounding: str = "nearest", key: jax.Array | None = None,
-                   rand_bits: int | None = None, pad: bool = False,
-                   rng: random_bits_lib.Method = "hash", convention: str = "te",
+                   rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                   key: jax.Array | None = None, pad: bool = False,
+                   convention: str = "te",
                    amax_axis_name: AmaxAxisName = None) -> QuantizedArray:
   """NVFP4: E2M1 elements in 16-element blocks, E4M3 block scales, fp32 tensor scale.
 
@@ -109,7 +105,7 @@ def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = No
     block_shape: 16 (default: 1x16 blocks along ``axis``) or ``(16, 16)`` for 2D
       weight tiles; any other extent raises.
     axis: as in :func:`numerics.mx.quantize_mx`.
-    rounding, key, rand_bits, rng, pad: as in :func:`numerics.mx.quantize_mx`.
+    rounding, key, pad: as in :func:`numerics.mx.quantize_mx`.
     convention: ``"te"`` (Transformer Engine's scale chain), ``"torchao"``
       (torchao's ``NVFP4Tensor.to_nvfp4`` with a per-tensor scale) or ``"qwix"`` (qwix
       0.1.8's ``nvfp4``: no tensor scale, so blocks with amax below ``6 * 2^-10`` get
@@ -129,39 +125,33 @@ def quantize_nvfp4(x: jax.Array, *, block_shape: int | Sequence[int] | None = No
     (integer codes).
   """
   x32, (axes, blocks), amax_axis_name = _nvfp4_args(
-      x, block_shape, axis, rounding, key, rand_bits, rng, convention, "quantize_nvfp4",
-      amax_axis_name)
+      x, block_shape, axis, rounding, key, convention, "quantize_nvfp4", amax_axis_name)
   codes, scale_codes, tensor_scale = _quantize_nvfp4(
-      jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
-      rand_bits=rand_bits, pad=pad, rng=rng, convention=convention,
-      amax_axis_name=amax_axis_name)
+      jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding, pad=pad,
+      convention=convention, amax_axis_name=amax_axis_name)
   return QuantizedArray(codes=codes, scales=scale_codes, tensor_scale=tensor_scale,
                         fmt="e2m1", scale_fmt="e4m3", axes=axes, block_shape=blocks,
                         shape=tuple(x32.shape), scale_rule=NVFP4_SCALE_RULES[convention])
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "convention",
-    "amax_axis_name"))
-def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, convention,
-               amax_axis_name):
+    "axes", "blocks", "rounding", "pad", "convention", "amax_axis_name"))
+def _qdq_nvfp4(x, key, *, axes, blocks, rounding, pad, convention, amax_axis_name):
 
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
     if convention == "te":
-      words = block_layout.lazy_stochastic_words(key, xp, rounding, rng)
+      words = rounding.lazy_words(key, xp)
       out = nvfp4_fast.nvfp4_te_fast(xp, axes, blocks, rounding=rounding, words=words,
-                                     rand_bits=rand_bits, dequantize=True,
-                                     amax_axis_name=amax_axis_name)
+                                     dequantize=True, amax_axis_name=amax_axis_name)
     elif convention == "qwix":
-      words = block_layout.stochastic_words(key, xp, rounding, rng)
-      out = nvfp4_qwix.nvfp4_qwix_quantize_core(xp, axes, blocks, rounding, words,
-                                                rand_bits)[2]
+      words = rounding.words(key, xp.shape, shard_of=xp)
+      out = nvfp4_qwix.nvfp4_qwix_quantize_core(xp, axes, blocks, rounding, words)[2]
     else:
       pts = nvfp4_torchao.nvfp4_torchao_tensor_scale(xp, amax_axis_name=amax_axis_name)
-      words = block_layout.stochastic_words(key, xp, rounding, rng)
+      words = rounding.words(key, xp.shape, shard_of=xp)
       out = nvfp4_torchao.nvfp4_torchao_quantize_core(xp, pts, axes, blocks, rounding,
-                                                      words, rand_bits)[2]
+                                                      words)[2]
     return out[tuple(slice(0, d) for d in x.shape)]
 
   return gradients_lib.straight_through(run, x, key)
@@ -170,9 +160,8 @@ def _qdq_nvfp4(x, key, *, axes, blocks, rounding, rand_bits, pad, rng, conventio
 def quantize_dequantize_nvfp4(x: jax.Array, *,
                               block_shape: int | Sequence[int] | None = None,
                               axis: int | Sequence[int] | None = None,
-                              rounding: str = "nearest", key: jax.Array | None = None,
-                              rand_bits: int | None = None, pad: bool = False,
-                              rng: random_bits_lib.Method = "hash",
+                              rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                              key: jax.Array | None = None, pad: bool = False,
                               convention: str = "te",
                               amax_axis_name: AmaxAxisName = None) -> jax.Array:
   """float32 ``dequantize(quantize_nvfp4(x, ...))`` in one jitted pass over ``x``.
@@ -181,24 +170,22 @@ def quantize_dequantize_nvfp4(x: jax.Array, *,
   :func:`quantize_nvfp4`. Gradient: straight-through.
   """
   _, (axes, blocks), amax_axis_name = _nvfp4_args(
-      x, block_shape, axis, rounding, key, rand_bits, rng, convention,
-      "quantize_dequantize_nvfp4", amax_axis_name)
+      x, block_shape, axis, rounding, key, convention, "quantize_dequantize_nvfp4",
+      amax_axis_name)
   return _qdq_nvfp4(jnp.asarray(x), key, axes=axes, blocks=blocks, rounding=rounding,
-                    rand_bits=rand_bits, pad=pad, rng=rng, convention=convention,
-                    amax_axis_name=amax_axis_name)
+                    pad=pad, convention=convention, amax_axis_name=amax_axis_name)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "rand_bits", "pad", "rng", "amax_axis_name"))
-def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, rand_bits, pad, rng,
-                      amax_axis_name):
+    "axes", "blocks", "rounding", "pad", "amax_axis_name"))
+def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, pad, amax_axis_name):
 
   def run(x, key):
     xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
-    words = block_layout.stochastic_words(key, xp, rounding, rng)
+    words = rounding.words(key, xp.shape, shard_of=xp)
     values, inv_s_enc = nvfp4_fast.nvfp4_te_fast(
-        xp, axes, blocks, rounding=rounding, words=words, rand_bits=rand_bits,
-        dequantize="blocks", amax_axis_name=amax_axis_name)
+        xp, axes, blocks, rounding=rounding, words=words, dequantize="blocks",
+        amax_axis_name=amax_axis_name)
     return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc
 
   return gradients_lib.not_differentiable(
@@ -209,10 +196,9 @@ def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, rand_bits, pad, rng,
 def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
                                      block_shape: int | Sequence[int] | None = None,
                                      axis: int | Sequence[int] | None = None,
-                                     rounding: str = "nearest",
-                                     key: jax.Array | None = None,
-                                     rand_bits: int | None = None, pad: bool = False,
-                                     rng: random_bits_lib.Method = "hash",
+                                     rounding: rounding_lib.Rounding = (
+                                         rounding_lib.Nearest()),
+                                     key: jax.Array | None = None, pad: bool = False,
                                      amax_axis_name: AmaxAxisName = None
                                      ) -> tuple[jax.Array, jax.Array]:
   """NVFP4 (``te`` convention) dequantized up to its tensor scale: ``(values, 1/S_enc)``.
@@ -229,11 +215,10 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
   Not differentiable (raises under ``jax.grad``; ``values`` is not in x's units).
   """
   _, (axes, blocks), amax_axis_name = _nvfp4_args(
-      x, block_shape, axis, rounding, key, rand_bits, rng, "te",
-      "quantize_dequantize_nvfp4_blocks", amax_axis_name)
+      x, block_shape, axis, rounding, key, "te", "quantize_dequantize_nvfp4_blocks",
+      amax_axis_name)
   return _qdq_nvfp4_blocks(jnp.asarray(x), key, axes=axes, blocks=blocks,
-                           rounding=rounding, rand_bits=rand_bits, pad=pad, rng=rng,
-                           amax_axis_name=amax_axis_name)
+                           rounding=rounding, pad=pad, amax_axis_name=amax_axis_name)
 
 
 def nvfp4_grid_multipliers(x: jax.Array, *,

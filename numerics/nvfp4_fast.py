@@ -30,6 +30,7 @@ from lowprec.numerics import block_layout
 from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import nvfp4_te
+from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
 
 _U = np.uint32
@@ -158,7 +159,7 @@ def _e2m1_code_of_magnitude(bits: jax.Array) -> jax.Array:
 
 
 def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...], *,
-                  rounding: str, words, rand_bits: int | None,
+                  rounding: rounding_lib.Rounding, words,
                   dequantize: bool | str, amax_axis_name: AmaxAxisName = None):
   """NVFP4 (``te`` convention, any rounding) in two passes over ``xp``.
 
@@ -206,10 +207,10 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   if dequantize is True:
     # x, not its bits, enters the branches: an operand of lax.cond is materialized.
     return nvfp4_te.tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(
-        xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+        xp, poisoned, s_dec, enc, words, rounding, bshape,
         lambda v: mul(v, inv_s_enc))).reshape(xp.shape)
   elem, elem_bits, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding,
-                                             rand_bits, bshape)
+                                             bshape)
   if dequantize:
     value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
     value = lax.bitcast_convert_type(
@@ -228,32 +229,31 @@ def _call(words):
   return words() if callable(words) else words
 
 
-def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits, bshape):
+def _nvfp4_te_elements(xb, poisoned, enc, words, rounding, bshape):
   """(E2M1 magnitudes as float32 and as bits, sign bits) of the blocked bits ``xb``."""
   words = None if words is None else _call(words)
   a = jnp.where(poisoned, np.uint32(0), xb & np.uint32(0x7FFFFFFF))
   sign = xb & np.uint32(0x80000000)
   scaled = _magnitude_times(a, enc)
-  if rounding == "nearest":
+  if isinstance(rounding, rounding_lib.Nearest):
     elem = _e2m1_rne_magnitude(scaled)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
-  elif rounding == "stochastic":
-    elem = _e2m1_sr_magnitude(scaled, words.reshape(bshape), rand_bits)
+  elif isinstance(rounding, rounding_lib.Stochastic):
+    elem = _e2m1_sr_magnitude(scaled, words.reshape(bshape), rounding.bits)
     elem_bits = lax.bitcast_convert_type(elem, jnp.uint32)
   else:
     elem_bits = block_layout.round_elements(
         lax.bitcast_convert_type(scaled, jnp.uint32), _U(0), formats_lib.get("e2m1"), 0,
-        rounding, None if words is None else words.reshape(bshape), rand_bits)
+        rounding, None if words is None else words.reshape(bshape))
     elem = lax.bitcast_convert_type(elem_bits, jnp.float32)
   return elem, elem_bits, sign
 
 
-def _nvfp4_te_second_pass(xp, poisoned, s_dec, enc, words, rounding, rand_bits, bshape,
+def _nvfp4_te_second_pass(xp, poisoned, s_dec, enc, words, rounding, bshape,
                           scale_by_tensor):
   """The dequantized tensor (blocked shape): ``scale_by_tensor(element * S_dec)``."""
   xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
-  elem, _, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding, rand_bits,
-                                     bshape)
+  elem, _, sign = _nvfp4_te_elements(xb, poisoned, enc, words, rounding, bshape)
   value = elem * s_dec  # exact: at most 2 + 4 significant bits, >= 2^-10
   value = lax.bitcast_convert_type(
       lax.bitcast_convert_type(value, jnp.uint32) | sign, jnp.float32)

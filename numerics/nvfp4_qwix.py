@@ -63,18 +63,19 @@ def qwix_block_scales(block_amax_bits: jax.Array) -> tuple[jax.Array, jax.Array]
   s = amax * (np.float32(1.0) / np.float32(6.0))  # XLA:CPU's amax / 6
   s = jnp.where(lax.bitcast_convert_type(s, jnp.uint32) < _TINY_BITS, np.float32(1.0), s)
   s = jnp.where(inf_blk, np.float32(448.0), jnp.minimum(s, np.float32(448.0)))
-  s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
+  s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding=rounding_lib.Nearest(),
                              saturate=True)
   return s, nan_blk
 
 
 def nvfp4_qwix_quantize_core(xp: jax.Array, axes: tuple[int, ...],
-                             blocks: tuple[int, ...], rounding: str,
-                             words: jax.Array | None, rand_bits: int | None
+                             blocks: tuple[int, ...], rounding: rounding_lib.Rounding,
+                             words: jax.Array | None
                              ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E2M1 codes, E4M3 scale codes, float32 dequantized values) of ``xp`` (block-divisible
-  float32), qwix 0.1.8's nvfp4 (module docstring). ``rounding`` other than ``nearest``
-  is ours (qwix rounds floats to nearest only)."""
+  float32), qwix 0.1.8's nvfp4 (module docstring). A ``rounding`` other than
+  ``Nearest()`` is ours (qwix rounds floats to nearest only); ``words`` are its random
+  words (:meth:`numerics.rounding.Stochastic.words`) or None."""
   f = formats_lib.get("e2m1")
   b = lax.bitcast_convert_type(xp, jnp.uint32)
   a = b & _U(0x7FFFFFFF)
@@ -91,7 +92,7 @@ def nvfp4_qwix_quantize_core(xp: jax.Array, axes: tuple[int, ...],
   rcp_full = jnp.broadcast_to(rcp, bshape).reshape(xp.shape)
   q = lax.bitcast_convert_type(a_fin, jnp.float32) * rcp_full  # XLA:CPU's x / s
   qb = jnp.where(x_zero, _U(0), lax.bitcast_convert_type(q, jnp.uint32))
-  elem = block_layout.round_elements(qb, b >> 31, f, 0, rounding, words, rand_bits)
+  elem = block_layout.round_elements(qb, b >> 31, f, 0, rounding, words)
   elem_f = lax.bitcast_convert_type(elem, jnp.float32)
   codes = encoding.encode(elem_f, f)
   # x / 0: Inf for x != 0 (saturates to +-6), NaN for x == 0 or subnormal (code 8).

@@ -92,14 +92,14 @@ def mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
 
 
-def round_scaled_e2m1(xp, enc_full, poison_full, rounding, words, rand_bits):
+def round_scaled_e2m1(xp, enc_full, poison_full, rounding, words):
   """(E2M1 codes, float32 element values) of ``xp * enc_full`` (both conventions'
   element step; poisoned blocks: zero codes)."""
   f = formats_lib.get("e2m1")
   scaled = mul_subnormal_lhs(jnp.where(poison_full, np.float32(0.0), xp), enc_full)
   sb = lax.bitcast_convert_type(scaled, jnp.uint32)
   elem = block_layout.round_elements(sb & _U(0x7FFFFFFF), sb >> 31, f, 0, rounding,
-                                     words, rand_bits)
+                                     words)
   elem_f = lax.bitcast_convert_type(elem, jnp.float32)
   codes = jnp.where(poison_full, jnp.uint8(0), encoding.encode(elem_f, f))
   return codes, elem_f
@@ -125,8 +125,8 @@ def te_block_scales(block_amax, s_enc, scalar_div=float_bits.div_rn):
   to 1.4-2.5x)."""
   s_dec = jnp.minimum(mul_subnormal_lhs(block_amax, s_enc * np.float32(1.0 / 6.0)),
                       np.float32(448.0))
-  s_dec = rounding_lib.round_f32(s_dec, formats_lib.get("e4m3"), rounding="nearest",
-                                 saturate=True)
+  s_dec = rounding_lib.round_f32(s_dec, formats_lib.get("e4m3"),
+                                 rounding=rounding_lib.Nearest(), saturate=True)
   inv_s_enc = scalar_div(np.float32(1.0), s_enc)
   # 1/S_enc is subnormal for a tensor amax below 2688 * 2^-126: the product is formed
   # in integers, as XLA:CPU and TPUs would read that operand as zero.
@@ -137,8 +137,8 @@ def te_block_scales(block_amax, s_enc, scalar_div=float_bits.div_rn):
 
 
 def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
-                        blocks: tuple[int, ...], rounding: str, words: jax.Array | None,
-                        rand_bits: int | None
+                        blocks: tuple[int, ...], rounding: rounding_lib.Rounding,
+                        words: jax.Array | None
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E2M1 codes, E4M3 scale codes, float32 element x block-scale values) of ``xp``.
 
@@ -157,7 +157,7 @@ def nvfp4_quantize_core(xp: jax.Array, s_enc: jax.Array, axes: tuple[int, ...],
   s_dec_full = jnp.broadcast_to(jnp.where(poisoned, np.float32(np.nan), s_dec),
                                 bshape).reshape(xp.shape)
   poison_full = jnp.isnan(s_dec_full)
-  codes, elem_f = round_scaled_e2m1(xp, enc_full, poison_full, rounding, words, rand_bits)
+  codes, elem_f = round_scaled_e2m1(xp, enc_full, poison_full, rounding, words)
   scale_codes = jnp.where(poisoned, jnp.uint8(e4m3.nan_code),
                           encoding.encode(s_dec, e4m3))
   scale_codes = jnp.squeeze(scale_codes, axis=bpos)

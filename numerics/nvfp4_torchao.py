@@ -58,7 +58,7 @@ def torchao_block_scales(block_amax, per_tensor_scale):
   block_scale = float_bits.div_rn(block_amax, np.float32(6.0))
   scaled_scale = float_bits.div_rn(block_scale, per_tensor_scale)
   s = jnp.clip(scaled_scale, E4M3_EPS, np.float32(448.0))
-  s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding="nearest",
+  s = rounding_lib.round_f32(s, formats_lib.get("e4m3"), rounding=rounding_lib.Nearest(),
                              saturate=True)
   inv_pts = float_bits.div_rn_idiv(np.float32(1.0), per_tensor_scale)  # scalar
   # 1 / per_tensor_scale overflows for a tensor amax below 2688 / FLT_MAX; torchao's
@@ -69,8 +69,8 @@ def torchao_block_scales(block_amax, per_tensor_scale):
 
 def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
                                 axes: tuple[int, ...], blocks: tuple[int, ...],
-                                rounding: str, words: jax.Array | None,
-                                rand_bits: int | None
+                                rounding: rounding_lib.Rounding,
+                                words: jax.Array | None
                                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E2M1 codes, E4M3 scale codes, float32 dequantized values) of ``xp``, torchao's way.
 
@@ -87,7 +87,7 @@ def nvfp4_torchao_quantize_core(xp: jax.Array, per_tensor_scale: jax.Array,
   poison_full = jnp.broadcast_to(poisoned, bshape).reshape(xp.shape)
   # Saturation to +-6 is torchao's clamp before the E2M1 cast.
   codes, elem_f = nvfp4_te.round_scaled_e2m1(xp, rec_full, poison_full, rounding,
-                                             words, rand_bits)
+                                             words)
   # A reciprocal that overflowed to Inf (a zero block of a tensor with amax below about
   # 5e-34) makes torchao's 0 * Inf a NaN, which the E2M1 cast stores as code 0; ours
   # would saturate the NaN to -6.

@@ -41,8 +41,8 @@ Scaling = Literal["block", "tensor", "delayed"]
 SCALINGS = ("block", "tensor", "delayed")
 _DELAYED_DEFAULTS = dict(amax_history_len=1024, amax_compute_algo="max", margin=0)
 # The old single class's arguments, in its order (positional calls keep working).
-_OLD_FIELDS = ("fmt", "scaling", "block_shape", "scale_rule", "rounding", "rand_bits",
-               "prescale", "clip", "macro_block", "amax_history_len",
+_OLD_FIELDS = ("fmt", "scaling", "block_shape", "scale_rule", "rounding", "prescale",
+               "clip", "macro_block", "amax_history_len",
                "amax_compute_algo", "margin", "convention", "amax_axis_name")
 
 
@@ -66,9 +66,9 @@ class OperandQuant(metaclass=_BuildsItsKind):
   """How one operand of one GEMM is quantized: an :class:`MXQuant`,
   :class:`NVFP4Quant`, :class:`TensorQuant` or :class:`DelayedQuant`.
 
-  Attributes common to all: ``rounding`` (``nearest``, ``stochastic`` or
-  ``toward_zero``), ``rand_bits`` (random bits per element for stochastic rounding;
-  None: all) and ``prescale`` (ALTO's static clipping: the operand is multiplied by it
+  Attributes common to all: ``rounding`` (a :data:`numerics.rounding.Rounding`:
+  ``Nearest()``, ``TowardZero()`` or ``Stochastic(bits=..., rng=...)``) and
+  ``prescale`` (ALTO's static clipping: the operand is multiplied by it
   before quantization and the GEMM's output divided by the product of its operands'
   prescales, so the GEMM still multiplies exact quantized values; 1: off).
   """
@@ -77,8 +77,7 @@ class OperandQuant(metaclass=_BuildsItsKind):
   # The neutral value of every option, for the modes that do not have it.
   block_shape = None
   scale_rule = "floor"
-  rounding = "nearest"
-  rand_bits = None
+  rounding = rounding_lib.Nearest()
   prescale = 1.0
   clip = "none"
   macro_block = None
@@ -89,11 +88,7 @@ class OperandQuant(metaclass=_BuildsItsKind):
   amax_axis_name = None
 
   def _check_common(self) -> None:
-    if self.rounding not in rounding_lib.ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}")
-    rounding_lib.check_rand_bits(self.rand_bits)
-    if self.rand_bits is not None and self.rounding != "stochastic":
-      raise ValueError("rand_bits is used by rounding='stochastic' only")
+    rounding_lib.check_rounding(self.rounding, type(self).__name__)
     if not (0 < self.prescale < float("inf")):
       raise ValueError(f"prescale must be positive and finite, got {self.prescale}")
 
@@ -146,7 +141,7 @@ class MXQuant(OperandQuant):
       ``(b_contraction, b_free)`` tiles.
     scale_rule: the MX scale rule (``blockscale.SCALE_RULES``, or ``"qwix"``: qwix
       0.1.8's scale, for e4m3 and e2m1; see :class:`numerics.quantizer.QuantSpec`).
-    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    rounding, prescale: see :class:`OperandQuant`.
     clip: ``none``, or ``rms`` (QuEST-style dynamic clipping of each block at 2.922 x
       its RMS before quantization, :mod:`numerics.clipping`).
     macro_block: a float32 macro-block scale above the MX scales
@@ -158,8 +153,7 @@ class MXQuant(OperandQuant):
   fmt: str
   block_shape: int | tuple[int, ...] | None = None
   scale_rule: str = "floor"
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   prescale: float = 1.0
   clip: Literal["none", "rms"] = "none"
   macro_block: int | None = None
@@ -187,7 +181,7 @@ class MXQuant(OperandQuant):
 
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
     return quantizer.QuantSpec(fmt=self.fmt, rounding=self.rounding,
-                               rand_bits=self.rand_bits, scale_rule=self.scale_rule,
+                               scale_rule=self.scale_rule,
                                **self.blocks(contract_axis, free_axis))
 
 
@@ -198,7 +192,7 @@ class NVFP4Quant(OperandQuant):
 
   Attributes:
     block_shape: 16 (1D blocks along the contraction axis) or ``(16, 16)`` tiles.
-    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    rounding, prescale: see :class:`OperandQuant`.
     convention: the scale convention, ``te`` (Transformer Engine), ``torchao`` or ``qwix``.
     amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
       tensor amax is reduced (see :class:`numerics.quantizer.QuantSpec` and
@@ -208,8 +202,7 @@ class NVFP4Quant(OperandQuant):
   scaling: ClassVar[str] = "block"
   fmt: ClassVar[str] = "nvfp4"
   block_shape: int | tuple[int, ...] | None = None
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   prescale: float = 1.0
   convention: str = "te"
   amax_axis_name: str | tuple[str, ...] | None = None
@@ -229,7 +222,7 @@ class NVFP4Quant(OperandQuant):
 
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
     return quantizer.QuantSpec(fmt="nvfp4", rounding=self.rounding,
-                               rand_bits=self.rand_bits, convention=self.convention,
+                               convention=self.convention,
                                amax_axis_name=self.amax_axis_name,
                                **self.blocks(contract_axis, free_axis))
 
@@ -247,15 +240,14 @@ class TensorQuant(OperandQuant):
 
   Attributes:
     fmt: the element format.
-    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    rounding, prescale: see :class:`OperandQuant`.
     amax_axis_name: inside ``jax.shard_map``, the mesh axis (or axes) over which the
       tensor amax is reduced.
   """
 
   scaling: ClassVar[str] = "tensor"
   fmt: str
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   prescale: float = 1.0
   amax_axis_name: str | tuple[str, ...] | None = None
 
@@ -268,7 +260,6 @@ class TensorQuant(OperandQuant):
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
     del contract_axis, free_axis
     return quantizer.QuantSpec(fmt=self.fmt, scaling="tensor", rounding=self.rounding,
-                               rand_bits=self.rand_bits,
                                amax_axis_name=self.amax_axis_name)
 
 
@@ -280,15 +271,14 @@ class DelayedQuant(OperandQuant):
 
   Attributes:
     fmt: the element format.
-    rounding, rand_bits, prescale: see :class:`OperandQuant`.
+    rounding, prescale: see :class:`OperandQuant`.
     amax_history_len, amax_compute_algo, margin: ``DelayedScaling``'s history length,
       its reduction (``max`` or ``most_recent``) and the scale's power-of-two margin.
   """
 
   scaling: ClassVar[str] = "delayed"
   fmt: str
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   prescale: float = 1.0
   amax_history_len: int = _DELAYED_DEFAULTS["amax_history_len"]
   amax_compute_algo: Literal["max", "most_recent"] = _DELAYED_DEFAULTS["amax_compute_algo"]

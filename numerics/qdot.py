@@ -126,7 +126,7 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   x = x.astype(jnp.float32)
   if op is None:
     return x, None, None, None
-  key = key if op.rounding == "stochastic" else None
+  key = key if op.rounding.needs_key else None
   if op.prescale != 1.0:
     x = x * np.float32(op.prescale)
   if isinstance(op, recipes_lib.DelayedQuant):
@@ -134,7 +134,7 @@ def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
       raise ValueError("a delayed-scaling operand needs its state: use "
                        "quantized_dot_general_with_state")
     q = delayed_scaling.quantize_dequantize(x, delayed, op.fmt, rounding=op.rounding,
-                                            key=key, rand_bits=op.rand_bits)
+                                            key=key)
     tel = (telemetry_lib.scaled_telemetry(x, q, delayed.scale, op.fmt)
            if telemetry else None)
     return q, tel, delayed_scaling.amax(x), None
@@ -500,7 +500,7 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   roundings only.
   """
   op = recipes_lib.get(recipe).forward.rhs
-  if op is not None and op.rounding == "stochastic":
+  if op is not None and op.rounding.needs_key:
     raise ValueError("forward_weight_quantizer needs a deterministic weight rounding")
   if isinstance(op, recipes_lib.DelayedQuant):
     raise ValueError("forward_weight_quantizer needs a stateless weight quantizer; "

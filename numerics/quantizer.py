@@ -20,7 +20,6 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import gradients
 from lowprec.numerics import mx_scales
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "none"]
@@ -45,9 +44,8 @@ class QuantSpec:
     scale_rule: MX scale rule (MX only): one of ``blockscale.SCALE_RULES``, or
       ``"qwix"`` (qwix 0.1.8's scale, e4m3 and e2m1: ``convention="qwix"`` of
       :func:`numerics.mx.quantize_mx`).
-    rounding: ``nearest``, ``stochastic`` or ``toward_zero``.
-    rand_bits, rng: stochastic rounding's random bits per element and generator
-      (``stochastic`` only).
+    rounding: a :data:`numerics.rounding.Rounding` (``Nearest()``, ``TowardZero()``
+      or ``Stochastic(bits=..., rng=...)``).
     pad: zero-pad blocked axes instead of raising (``block`` only).
     saturate: for ``none``/``tensor`` casts, clamp overflow to +-max (block formats
       always saturate).
@@ -59,8 +57,8 @@ class QuantSpec:
 
   Raises:
     ValueError: an unknown name, a non-positive block, or an argument the quantizer
-      would ignore (a block for a cast, a scale rule for NVFP4, ``rand_bits`` without
-      stochastic rounding, ...).
+      would ignore (a block for a cast, a scale rule for NVFP4, ...).
+    TypeError: ``rounding`` is not a :data:`numerics.rounding.Rounding`.
   """
 
   fmt: str = "e4m3"
@@ -68,10 +66,8 @@ class QuantSpec:
   axis: int | tuple[int, ...] | None = None
   scaling: Scaling | None = None
   scale_rule: str = "floor"
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   pad: bool = False
-  rng: str = "hash"
   saturate: bool = True
   convention: str = "te"
   amax_axis_name: str | tuple[str, ...] | None = None
@@ -92,23 +88,13 @@ class QuantSpec:
     if scaling != "block" and self.fmt == "nvfp4":
       raise ValueError(f"nvfp4 is block-scaled by definition, got scaling={scaling!r}")
     object.__setattr__(self, "scaling", scaling)
-    if self.rounding not in rounding_lib.ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}; known: "
-                       f"{', '.join(rounding_lib.ROUNDINGS)}")
+    rounding_lib.check_rounding(self.rounding, "QuantSpec")
     if self.scale_rule not in blockscale.SCALE_RULES + (mx_scales.QWIX_RULE,):
       raise ValueError(f"unknown scale_rule {self.scale_rule!r}; known: "
                        f"{', '.join(blockscale.SCALE_RULES)}, {mx_scales.QWIX_RULE}")
     if self.scale_rule == mx_scales.QWIX_RULE and self.fmt not in mx_scales.QWIX_MX_FORMATS:
       raise ValueError(f"scale_rule={mx_scales.QWIX_RULE!r} (qwix 0.1.8's MX scale) is "
                        f"for {', '.join(mx_scales.QWIX_MX_FORMATS)}, got fmt={self.fmt!r}")
-    if self.rng not in random_bits_lib.METHODS:
-      raise ValueError(f"unknown rng {self.rng!r}; known: "
-                       f"{', '.join(random_bits_lib.METHODS)}")
-    rounding_lib.check_rand_bits(self.rand_bits)
-    if self.rounding != "stochastic" and (self.rand_bits is not None
-                                          or self.rng != "hash"):
-      raise ValueError(f"rand_bits and rng are used by rounding='stochastic' only, got "
-                       f"rounding={self.rounding!r}")
     if self.convention not in blockscale.NVFP4_CONVENTIONS:
       raise ValueError(f"convention must be one of {blockscale.NVFP4_CONVENTIONS}, got "
                        f"{self.convention!r}")
@@ -152,17 +138,10 @@ class QuantSpec:
   def tensorwise(self) -> bool:
     return self.scaling == "tensor"
 
-  @property
-  def needs_key(self) -> bool:
-    return self.rounding == "stochastic"
 
 
 def _check_key(spec: QuantSpec, key) -> None:
-  if spec.needs_key and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  if not spec.needs_key and key is not None:
-    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
-                     f"{spec.rounding!r}")
+  spec.rounding.check_key(key)
 
 
 def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
@@ -175,16 +154,14 @@ def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
     raise ValueError(f"spec {spec} is an element-wise cast, not a block quantizer")
   x = rounding_lib.check_float_input(x, "quantizer.quantize")
   _check_key(spec, key)
-  stochastic = dict(key=key, rand_bits=spec.rand_bits, rng=spec.rng) \
-      if spec.needs_key else {}
   if spec.fmt == "nvfp4":
     return blockscale.quantize_nvfp4(
         x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
         pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
-        **stochastic)
+        key=key)
   return blockscale.quantize_mx(
       x, spec.fmt, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-      pad=spec.pad, **_mx_rule(spec), **stochastic)
+      pad=spec.pad, key=key, **_mx_rule(spec))
 
 
 def _mx_rule(spec: QuantSpec) -> dict[str, str]:
@@ -197,24 +174,22 @@ def _mx_rule(spec: QuantSpec) -> dict[str, str]:
 
 def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
   """float32 ``dequantize(quantize(x))`` (or the cast) with no gradient policy."""
-  stochastic = dict(key=key, rand_bits=spec.rand_bits, rng=spec.rng) \
-      if spec.needs_key else {}
   x32 = jnp.asarray(x).astype(jnp.float32)
   if spec.is_cast:
     scale = (tensor_scale(x32, spec.fmt, amax_axis_name=spec.amax_axis_name)
              if spec.tensorwise else None)
     y = jax.lax.stop_gradient(rounding_lib.cast(
         x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
-        saturate=spec.saturate, **stochastic))
+        saturate=spec.saturate, key=key))
     return y if scale is None else y / scale
   if spec.fmt == "nvfp4":
     return jax.lax.stop_gradient(blockscale.quantize_dequantize_nvfp4(
         x32, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
         pad=spec.pad, convention=spec.convention, amax_axis_name=spec.amax_axis_name,
-        **stochastic))
+        key=key))
   return jax.lax.stop_gradient(blockscale.quantize_dequantize_mx(
       x32, spec.fmt, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-      pad=spec.pad, **_mx_rule(spec), **stochastic))
+      pad=spec.pad, key=key, **_mx_rule(spec)))
 
 
 def quantize_dequantize(x: jax.Array, spec: QuantSpec, *,
@@ -265,9 +240,9 @@ def fake_quant_spec(x: jax.Array, spec: QuantSpec, *,
 def fake_quant(x: jax.Array, fmt: str = "e4m3", *, scaling: Scaling | None = None,
                block_shape: int | Sequence[int] | None = None,
                axis: int | Sequence[int] | None = None, scale_rule: str = "floor",
-               rounding: str = "nearest", key: jax.Array | None = None,
-               rand_bits: int | None = None, pad: bool = False, rng: str = "hash",
-               saturate: bool = True, convention: str = "te",
+               rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+               key: jax.Array | None = None, pad: bool = False, saturate: bool = True,
+               convention: str = "te",
                amax_axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
   """``dequantize(quantize(x, ...))`` with a straight-through gradient.
 
@@ -284,7 +259,7 @@ def fake_quant(x: jax.Array, fmt: str = "e4m3", *, scaling: Scaling | None = Non
   """
   x = rounding_lib.check_float_input(x, "fake_quant")
   spec = QuantSpec(fmt=fmt, scaling=scaling, block_shape=block_shape, axis=axis,
-                   scale_rule=scale_rule, rounding=rounding, rand_bits=rand_bits, pad=pad,
-                   rng=rng, saturate=saturate, convention=convention,
+                   scale_rule=scale_rule, rounding=rounding, pad=pad, saturate=saturate,
+                   convention=convention,
                    amax_axis_name=amax_axis_name)
   return fake_quant_spec(x, spec, key=key)

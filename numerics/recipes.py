@@ -66,6 +66,7 @@ from lowprec.numerics import accumulation as accumulation_lib
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import operand_quant
+from lowprec.numerics import rounding as rounding_lib
 # The operand quantizers live in numerics.operand_quant; recipes name them here too.
 from lowprec.numerics.operand_quant import (DelayedQuant, MXQuant, NVFP4Quant,
                                             OperandQuant, TensorQuant)
@@ -101,7 +102,7 @@ class GemmRecipe:
   @property
   def needs_key(self) -> bool:
     return self.hadamard is not None or any(
-        op is not None and op.rounding == "stochastic" for op in (self.lhs, self.rhs))
+        op is not None and op.rounding.needs_key for op in (self.lhs, self.rhs))
 
 
 GEMM_NAMES = ("forward", "dgrad", "wgrad")
@@ -184,7 +185,8 @@ def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
   rule = "alto"
   x = _mx("e2m1", rule)
   w = _mx("e2m1", rule, block_shape=(32, 32))
-  do = _mx("e2m1", rule, rounding="stochastic" if sr else "nearest")
+  do = _mx("e2m1", rule,
+           rounding=rounding_lib.Stochastic() if sr else rounding_lib.Nearest())
   return Recipe(name=name,
                 forward=GemmRecipe(lhs=x, rhs=w),
                 dgrad=GemmRecipe(lhs=do, rhs=None),
@@ -195,7 +197,7 @@ def _mxfp4(name: str, *, rht: bool, sr: bool) -> Recipe:
 def _nvfp4() -> Recipe:
   x = NVFP4Quant()
   w = NVFP4Quant(block_shape=(16, 16))
-  do = NVFP4Quant(rounding="stochastic")
+  do = NVFP4Quant(rounding=rounding_lib.Stochastic())
   return Recipe(name="nvfp4", forward=GemmRecipe(lhs=x, rhs=w),
                 dgrad=GemmRecipe(lhs=do, rhs=None),
                 wgrad=GemmRecipe(lhs=x, rhs=do, hadamard=16),

@@ -68,6 +68,7 @@ from experiments.common import repo_paths  # pylint: disable=wrong-import-positi
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
 from experiments.common.config_flags import parse_flags  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
+from lowprec.numerics.rounding import Stochastic
 
 _ROOT = pathlib.Path(repo_paths.REPO_DIR)
 _KERNEL_TESTS = "tests/numerics/kernels/test_kernels.py"
@@ -194,15 +195,15 @@ def bandwidth_cases(n: int) -> dict[str, tuple[Callable[..., Any], int]]:
       "mx_quantize e4m3 nearest": (
           lambda x, k, m: kernels.mx_quantize(x, "e4m3", **m).codes, 4 * n + codes_out),
       "mx_quantize e4m3 stochastic": (
-          lambda x, k, m: kernels.mx_quantize(x, "e4m3", rounding="stochastic", key=k,
+          lambda x, k, m: kernels.mx_quantize(x, "e4m3", rounding=Stochastic(), key=k,
                                               **m).codes, 4 * n + codes_out),
       "mx_quantize e2m1 stochastic": (
           lambda x, k, m: kernels.mx_quantize(x, "e2m1", scale_rule="alto",
-                                              rounding="stochastic", key=k, **m).codes,
+                                              rounding=Stochastic(), key=k, **m).codes,
           4 * n + codes_out),
       # NVFP4's tensor amax is a separate reduction pass: x is read twice.
       "nvfp4_quantize stochastic": (
-          lambda x, k, m: kernels.nvfp4_quantize(x, rounding="stochastic", key=k,
+          lambda x, k, m: kernels.nvfp4_quantize(x, rounding=Stochastic(), key=k,
                                                  **m).codes, 8 * n + n + n // 16),
       "mx_quantize_dequantize e4m3 axis -1": (
           lambda x, k, m: kernels.mx_quantize_dequantize(x, "e4m3", scale_rule="rceil",
@@ -212,15 +213,15 @@ def bandwidth_cases(n: int) -> dict[str, tuple[Callable[..., Any], int]]:
                                                          scale_rule="rceil", **m), 8 * n),
       "mx_quantize_dequantize e2m1 stochastic axis -2": (
           lambda x, k, m: kernels.mx_quantize_dequantize(
-              x, "e2m1", axis=-2, scale_rule="alto", rounding="stochastic", key=k, **m),
+              x, "e2m1", axis=-2, scale_rule="alto", rounding=Stochastic(), key=k, **m),
           8 * n),
       "nvfp4_quantize_dequantize stochastic axis -1": (
-          lambda x, k, m: kernels.nvfp4_quantize_dequantize(x, rounding="stochastic",
+          lambda x, k, m: kernels.nvfp4_quantize_dequantize(x, rounding=Stochastic(),
                                                             key=k, **m), 12 * n),
       # qdot's NVFP4 operand quantizer: the values before the tensor scale.
       "nvfp4_quantize_dequantize_blocks stochastic axis -2": (
           lambda x, k, m: kernels.nvfp4_quantize_dequantize_blocks(
-              x, axis=-2, rounding="stochastic", key=k, **m)[0], 12 * n),
+              x, axis=-2, rounding=Stochastic(), key=k, **m)[0], 12 * n),
   }
 
 

@@ -45,6 +45,7 @@ from lowprec import numerics
 from lowprec.numerics import kernels
 from lowprec.numerics import qdot
 from lowprec.numerics import quantizer
+from lowprec.numerics.rounding import Stochastic
 
 
 class MLP(nn.Module):
@@ -158,7 +159,7 @@ def main(argv):
     w = jax.random.normal(jax.random.key(1), (flags.FLAGS.width, flags.FLAGS.width))
     k = jax.random.key(2)
     nearest = quantizer.QuantSpec("nvfp4")
-    stochastic = quantizer.QuantSpec("nvfp4", rounding="stochastic")
+    stochastic = quantizer.QuantSpec("nvfp4", rounding=Stochastic())
     ops = {
         "bf16 GEMM": jax.jit(lambda x, w, k: jnp.dot(  # w an argument: no folding
             x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from experiments.common.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import benchmarking
+from lowprec.numerics.rounding import Stochastic
 
 
 def _time(fn, *args, repeats: int) -> float:
@@ -33,17 +34,17 @@ def run(size: int, repeats: int) -> tuple[list[tuple[str, float]], float]:
       "astype bf16 (XLA)": lambda x, k: x.astype(jnp.bfloat16),
       "cast bf16 nearest": lambda x, k: numerics.cast(x, "bf16"),
       "cast bf16 stochastic (hash)": lambda x, k: numerics.cast(
-          x, "bf16", rounding="stochastic", key=k),
+          x, "bf16", rounding=Stochastic(), key=k),
       "cast bf16 stochastic (threefry)": lambda x, k: numerics.cast(
-          x, "bf16", rounding="stochastic", key=k, rng="threefry"),
+          x, "bf16", rounding=Stochastic(rng="threefry"), key=k),
       "cast e4m3 nearest": lambda x, k: numerics.cast(x, "e4m3"),
       "cast e4m3 stochastic (hash)": lambda x, k: numerics.cast(
-          x, "e4m3", rounding="stochastic", key=k),
+          x, "e4m3", rounding=Stochastic(), key=k),
       "cast e4m3 stochastic (threefry)": lambda x, k: numerics.cast(
-          x, "e4m3", rounding="stochastic", key=k, rng="threefry"),
+          x, "e4m3", rounding=Stochastic(rng="threefry"), key=k),
       "quantize_mx e4m3 (1x32)": lambda x, k: numerics.quantize_mx(x, "e4m3"),
       "quantize_mx e2m1 (1x32) stochastic": lambda x, k: numerics.quantize_mx(
-          x, "e2m1", rounding="stochastic", key=k),
+          x, "e2m1", rounding=Stochastic(), key=k),
       "quantize_nvfp4 (1x16)": lambda x, k: numerics.quantize_nvfp4(x),
       "dequantize mx e4m3": None,
   }

@@ -96,7 +96,8 @@ class FairCastConfig(rl_config.RLConfig):
 
   @property
   def export_spec(self) -> export_lib.ExportSpec:
-    return export_lib.ExportSpec(self.export_format, self.export_rounding)
+    return export_lib.ExportSpec(self.export_format,
+                                 export_lib.parse_rounding(self.export_rounding))
 
   def optimizer(self) -> optax.GradientTransformation:
     if self.optimizer_kind == "sgdm":
@@ -105,7 +106,7 @@ class FairCastConfig(rl_config.RLConfig):
 
   def exporter(self) -> rl_config.Exporter:
     spec = self.export_spec
-    stochastic = spec.rounding == "stochastic"
+    stochastic = spec.rounding.needs_key
     return rl_config.Exporter(
         init=lambda master: export_lib.init_export_state(master, spec),
         export=lambda master, state, key: export_lib.export(

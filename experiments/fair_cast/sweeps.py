@@ -69,10 +69,11 @@ from experiments.common.confirmatory import Pilot
 from experiments.common.sequential import SequentialPlan
 from experiments.common.sweep_spec import Arm, Claim, Sweep
 from experiments.fair_cast.experiment import FairCastConfig
+from lowprec.numerics.export import EXPORT_ROUNDINGS
 
 SEEDS = (1, 2, 3, 4)
 CALIBRATION_SEEDS = (100,)
-ROUNDINGS = ("nearest", "stochastic", "error_feedback")
+ROUNDINGS = EXPORT_ROUNDINGS  # nearest, stochastic, error_feedback: the arms' order
 RL_LRS = (1e-6, 3e-6)  # the paper's regime
 CONTROL_LR = 3e-5      # the first sweep's lag was about 1 update here
 LEARNING_RATES = RL_LRS + (CONTROL_LR,)

@@ -216,7 +216,7 @@ def _cache_error(x: jax.Array, spec: kv_quant.KVQuantSpec, scale: Any,
   """(relative L2 error, fraction of elements with relative error > 1/8) of storing
   ``x`` float32[B, H, L, K] as ``spec`` with static ``scale``."""
   stored = kv_quant.init(spec, x.shape, scale)
-  y = kv_quant.read(kv_quant.write(stored, x, 0, key if spec.needs_key else None))
+  y = kv_quant.read(kv_quant.write(stored, x, 0, key if spec.rounding.needs_key else None))
   rel = jnp.linalg.norm(y - x) / jnp.maximum(jnp.linalg.norm(x), 1e-30)
   bad = jnp.abs(y - x) > BAD_RELATIVE_ERROR * jnp.abs(x)
   return rel, jnp.mean(bad.astype(jnp.float32))

@@ -51,9 +51,10 @@ from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs
 from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
                                            quantized_adamw)
+from lowprec.numerics import rounding as rounding_lib
 
 EXPERIMENT = "optimizer_state"
-ROUNDINGS = ("nearest", "stochastic")
+ROUNDINGS = moment_codecs.ROUNDINGS
 # Stochastic rounding of the moments draws from PRNGKey(seed + this): a stream apart
 # from the init / data / step keys of PRNGKey(seed).
 _MOMENT_KEY_OFFSET = 0x0AD4
@@ -92,7 +93,7 @@ class OptimizerStateConfig(moe_lm.MoELMConfig):
                        "moment_block_size would be ignored")
     return moment_codecs.state_format(
         self.moment_format, block_size=self.moment_block_size or None,
-        rounding=self.moment_rounding, sqrt_nu=self.sqrt_nu,
+        rounding=rounding_lib.parse(self.moment_rounding), sqrt_nu=self.sqrt_nu,
         min_size=self.min_quantized_size)
 
   def optimizer(self) -> optax.GradientTransformation:

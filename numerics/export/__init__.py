@@ -18,12 +18,15 @@ non-floating leaves pass through. Metrics are keyed by each floating leaf's
 from lowprec.numerics.export._leaves import GLOBAL
 from lowprec.numerics.export.lag import LagState, init_lag_state, update_lag
 from lowprec.numerics.export.metrics import relative_drift, ulp_distance, unchanged_fraction
-from lowprec.numerics.export.served_copy import (EXPORT_ROUNDINGS, Export, ExportSpec, ExportState,
-                                         export, init_export_state, make_export)
+from lowprec.numerics.export.served_copy import (EXPORT_ROUNDINGS, ErrorFeedback, Export,
+                                                 ExportSpec, ExportState, export,
+                                                 init_export_state, make_export,
+                                                 parse_rounding)
 from lowprec.numerics.export.straight_through import straight_through
 
 __all__ = [
-    "EXPORT_ROUNDINGS", "Export", "ExportSpec", "ExportState", "GLOBAL", "LagState",
-    "export", "init_export_state", "init_lag_state", "make_export", "relative_drift",
+    "EXPORT_ROUNDINGS", "ErrorFeedback", "Export", "ExportSpec", "ExportState", "GLOBAL",
+    "LagState", "export", "init_export_state", "init_lag_state", "make_export",
+    "parse_rounding", "relative_drift",
     "straight_through", "ulp_distance", "unchanged_fraction", "update_lag",
 ]

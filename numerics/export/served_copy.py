@@ -4,19 +4,21 @@ In RL the learner keeps float32 master weights and the sampler serves a copy in 
 narrower format (bf16, fp16, FP8, an MX block format, ...). :func:`export` produces
 that copy from a pytree of masters under one of three rounding rules:
 
-* ``nearest``: round half to even, element-wise with :func:`numerics.rounding.cast`
+* ``Nearest()``: round half to even, element-wise with :func:`numerics.rounding.cast`
   (bit-exact with ml_dtypes) or per block with
   :func:`numerics.quantizer.quantize_dequantize`. Stateless. An update smaller than the
   distance to the next rounding midpoint (about half an ulp) leaves the served value
   unchanged: with Adam at RL learning rates most bf16 values stay bit-identical from
   one export to the next.
-* ``stochastic``: unbiased stochastic rounding, ``E[served] = master`` exactly for
-  bf16/fp16 and the 8-bit and narrower formats (all discarded bits are randomized).
+* ``Stochastic(rng=...)``: unbiased stochastic rounding, ``E[served] = master``
+  exactly for bf16/fp16 and the 8-bit and narrower formats (all discarded bits are
+  randomized).
   The random bits of leaf ``i`` at export number ``step`` come from
   ``fold_in(fold_in(key, step), i)``, so exports at different steps draw different
   bits even when the caller passes the same key, and equal (key, step) reproduce.
-* ``error_feedback`` (sigma-delta): ``q = RNE(w + r)``, ``r' = (w + r) - q`` with a
-  float32 residual ``r`` per element carried in :class:`ExportState`. Deterministic;
+* :class:`ErrorFeedback` (sigma-delta; this module's own mode, as it carries state):
+  ``q = RNE(w + r)``, ``r' = (w + r) - q`` with a float32 residual ``r`` per element
+  carried in :class:`ExportState`. Deterministic;
   ``sum_t served_t = sum_t w_t + r_0 - r_T``, so the running sum of the served copy
   tracks that of the master within one residual (``|r| <= ulp/2`` without overflow)
   and no update is lost for good. Residuals that become non-finite or whose target
@@ -40,12 +42,32 @@ import numpy as np
 
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import quantizer as quantizer_lib
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.export._leaves import F32, check_master_leaf, flatten, is_float
 
 Export = Callable[[Any], Any]
-EXPORT_ROUNDINGS = ("nearest", "stochastic", "error_feedback")
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorFeedback:
+  """Error-feedback (sigma-delta) export: ``q = RNE(w + r)`` with the residual ``r``
+  carried in :class:`ExportState` (module docstring)."""
+  name = "error_feedback"
+  needs_key = False
+
+
+_KINDS = (rounding_lib.Nearest, rounding_lib.Stochastic, ErrorFeedback)
+EXPORT_ROUNDINGS = tuple(k.name for k in _KINDS)
+
+
+def parse_rounding(name: str, *, bits: int | None = None, rng: str = "hash"
+                   ) -> rounding_lib.Rounding | ErrorFeedback:
+  """The export rounding named ``name`` (one of ``EXPORT_ROUNDINGS``; ``"error_feedback"``
+  is :class:`ErrorFeedback`), as :func:`numerics.rounding.parse`. For flags and sweep
+  declarations."""
+  return rounding_lib.parse(name, bits=bits, rng=rng, kinds=_KINDS)
+
+
 # Formats whose served copy is stored in their own dtype (XLA holds them everywhere).
 _NATIVE_DTYPE_BITS = 8
 
@@ -59,32 +81,27 @@ class ExportSpec:
       ``"e4m3"``, ...; not the scale format ``"e8m0"``) for an element-wise cast, or a
       :class:`numerics.quantizer.QuantSpec` for a block format, e.g. MXFP8 for an
       ``(in, out)`` kernel: ``QuantSpec("e4m3", block_shape=32, axis=0)``. The
-      QuantSpec's own ``rounding`` must be ``"nearest"`` (its default) or equal to
-      ``rounding``; ``rounding`` and ``rng`` here decide.
-    rounding: ``"nearest"``, ``"stochastic"`` or ``"error_feedback"``.
-    rng: random-word generator for ``stochastic`` (``"hash"`` or ``"threefry"``).
+      QuantSpec's own ``rounding`` must be ``Nearest()`` (its default) or equal to
+      ``rounding``; ``rounding`` here decides.
+    rounding: ``Nearest()``, ``Stochastic(bits=..., rng=...)`` or
+      :class:`ErrorFeedback` (:func:`parse_rounding` reads their names).
   """
 
   target: str | quantizer_lib.QuantSpec = "bf16"
-  rounding: str = "nearest"
-  rng: str = "hash"
+  rounding: rounding_lib.Rounding | ErrorFeedback = rounding_lib.Nearest()
 
   def __post_init__(self):
-    if self.rounding not in EXPORT_ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}; known: "
-                       f"{', '.join(EXPORT_ROUNDINGS)}")
-    if self.rng not in random_bits_lib.METHODS:
-      raise ValueError(f"unknown rng {self.rng!r}; known: "
-                       f"{', '.join(random_bits_lib.METHODS)}")
+    rounding_lib.check_rounding(self.rounding, "ExportSpec",
+                                "numerics.export.parse_rounding", _KINDS)
     target = self.target
     if isinstance(target, formats_lib.Format):
       object.__setattr__(self, "target", target.name)
     elif isinstance(target, quantizer_lib.QuantSpec):
-      if target.rounding not in ("nearest", self._quant_rounding()):
+      if target.rounding not in (rounding_lib.Nearest(), self._quant_rounding()):
         raise ValueError(
             f"the target QuantSpec has rounding={target.rounding!r}, which conflicts "
             f"with ExportSpec rounding={self.rounding!r}; leave the QuantSpec's "
-            f"rounding at 'nearest' and choose it here")
+            f"rounding at Nearest() and choose it here")
     elif isinstance(target, str):
       try:
         f = formats_lib.get(target)
@@ -98,8 +115,10 @@ class ExportSpec:
       raise TypeError(f"target must be a format name or a QuantSpec, got "
                       f"{type(target).__name__}")
 
-  def _quant_rounding(self) -> str:
-    return "stochastic" if self.rounding == "stochastic" else "nearest"
+  def _quant_rounding(self) -> rounding_lib.Rounding:
+    if isinstance(self.rounding, rounding_lib.Stochastic):
+      return self.rounding
+    return rounding_lib.Nearest()
 
   @property
   def is_cast(self) -> bool:
@@ -108,8 +127,8 @@ class ExportSpec:
 
   @property
   def is_stateful(self) -> bool:
-    """True when the export needs a key or carried state (not ``nearest``)."""
-    return self.rounding != "nearest"
+    """True when the export needs a key or carried state (not ``Nearest()``)."""
+    return not isinstance(self.rounding, rounding_lib.Nearest)
 
   @property
   def element_format(self) -> formats_lib.Format:
@@ -133,13 +152,13 @@ class ExportSpec:
         return jnp.dtype(f.np_dtype)
     return jnp.dtype(jnp.float32)
 
-  def quant_spec(self, rounding: str | None = None) -> quantizer_lib.QuantSpec:
+  def quant_spec(self, rounding: rounding_lib.Rounding | None = None
+                 ) -> quantizer_lib.QuantSpec:
     """The target QuantSpec with this spec's rounding (``rounding`` overrides)."""
     if self.is_cast:
       raise ValueError(f"target {self.target!r} is an element-wise cast")
-    rounding = rounding or self._quant_rounding()
-    return dataclasses.replace(self.target, rounding=rounding,
-                               rng=self.rng if rounding == "stochastic" else "hash")
+    return dataclasses.replace(self.target,
+                               rounding=rounding or self._quant_rounding())
 
 
 class ExportState(NamedTuple):
@@ -165,7 +184,7 @@ def init_export_state(master: Any, spec: ExportSpec) -> ExportState:
   """
   check_spec(spec)
   residual = None
-  if spec.rounding == "error_feedback":
+  if isinstance(spec.rounding, ErrorFeedback):
     paths, leaves, treedef = flatten(master)
     res = []
     for path, leaf in zip(paths, leaves):
@@ -203,10 +222,11 @@ def export(master: Any, spec: ExportSpec, state: ExportState, *,
   check_spec(spec)
   if not isinstance(state, ExportState):
     raise TypeError(f"state must be an ExportState, got {type(state).__name__}")
-  if spec.rounding == "stochastic" and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
+  stochastic = spec.rounding.needs_key
+  if stochastic and key is None:
+    raise ValueError("Stochastic rounding needs a PRNG key")
   paths, leaves, treedef = flatten(master)
-  ef = spec.rounding == "error_feedback"
+  ef = isinstance(spec.rounding, ErrorFeedback)
   if ef:
     if state.residual is None:
       raise ValueError("error_feedback needs residuals: make the state with "
@@ -227,7 +247,7 @@ def export(master: Any, spec: ExportSpec, state: ExportState, *,
       continue
     w = check_master_leaf(path, leaf)
     leaf_key = None
-    if spec.rounding == "stochastic":
+    if stochastic:
       leaf_key = jax.random.fold_in(jax.random.fold_in(key, step), i)
     if ef:
       res = jnp.asarray(res)
@@ -249,17 +269,16 @@ def _export_leaf(w, spec, key, residual):
   """(served leaf in spec.served_dtype, new float32 residual or None)."""
   if spec.is_cast:
     f = formats_lib.get(spec.target)
-    if spec.rounding == "error_feedback":
+    if isinstance(spec.rounding, ErrorFeedback):
       q, r = rounding_lib.error_feedback(w, residual, f)
       r = _reset_residual(r, w + residual, f.max)
     else:
-      stochastic = (dict(key=key, rng=spec.rng) if spec.rounding == "stochastic"
-                    else {})
-      q, r = rounding_lib.cast(w, f, rounding=spec.rounding, **stochastic), None
+      q, r = rounding_lib.cast(w, f, rounding=spec.rounding, key=key), None
     return q.astype(spec.served_dtype), r
-  if spec.rounding == "error_feedback":
+  if isinstance(spec.rounding, ErrorFeedback):
     target = w + residual
-    q = quantizer_lib.quantize_dequantize(target, spec.quant_spec("nearest"))
+    q = quantizer_lib.quantize_dequantize(target,
+                                          spec.quant_spec(rounding_lib.Nearest()))
     return q, _reset_residual(target - q, target, None)
   return quantizer_lib.quantize_dequantize(w, spec.quant_spec(), key=key), None
 
@@ -272,13 +291,13 @@ def _reset_residual(r, target, fmax):
 
 
 def make_export(spec: ExportSpec) -> Export:
-  """A stateless ``params -> served`` export for ``rounding="nearest"``.
+  """A stateless ``params -> served`` export for ``rounding=Nearest()``.
 
   The :data:`numerics.rl.sampler_copy.Export` signature: pass it to
   ``sampler_copy.initial_copy`` / ``maybe_refresh``.
 
   Raises:
-    ValueError: for ``stochastic`` or ``error_feedback`` (they need a key or state;
+    ValueError: for ``Stochastic`` or ``ErrorFeedback`` (they need a key or state;
       call :func:`export` with an :class:`ExportState`).
   """
   check_spec(spec)

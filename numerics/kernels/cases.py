@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from lowprec.numerics import blockscale
+from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.blockscale import MX_BLOCK, NVFP4_BLOCK
 from lowprec.numerics import kernels
 
@@ -61,53 +62,52 @@ def _mx_operand(fmt: str, m: int, k: int, axis: int) -> blockscale.QuantizedArra
       block_shape=(MX_BLOCK,), shape=(m, k), scale_rule="floor")
 
 
-def _stochastic(rounding: str, key) -> dict:
-  return dict(key=key) if rounding == "stochastic" else {}
+def _stochastic(rounding: rounding_lib.Rounding, key) -> dict:
+  return dict(key=key) if rounding.needs_key else {}
 
 
-def _args(shape, dtype, rounding):
+def _args(shape, dtype, rounding: rounding_lib.Rounding):
   x = _S(shape, dtype)
-  return (x, _KEY) if rounding == "stochastic" else (x, None)
+  return (x, _KEY) if rounding.needs_key else (x, None)
 
 
 def mx_quantize(fmt: str, scale_rule: str, rounding: str, dtype=jnp.float32,
                 shape=QUANTIZE_SHAPE) -> Case:
-  n = _size(shape)
+  n, r = _size(shape), rounding_lib.parse(rounding)
   return Case(
       f"mx_quantize {fmt} {scale_rule} {rounding} {jnp.dtype(dtype).name} {shape}",
       "mx_quantize",
-      lambda x, k: kernels.mx_quantize(x, fmt, scale_rule=scale_rule, rounding=rounding,
-                                       use_kernel=True, **_stochastic(rounding, k)),
-      _args(shape, dtype, rounding),
+      lambda x, k: kernels.mx_quantize(x, fmt, scale_rule=scale_rule, rounding=r,
+                                       use_kernel=True, **_stochastic(r, k)),
+      _args(shape, dtype, r),
       n * jnp.dtype(dtype).itemsize + n + n // MX_BLOCK)
 
 
 def mx_quantize_dequantize(fmt: str, axis: int, scale_rule: str, rounding: str,
                            dtype=jnp.float32, shape=QUANTIZE_SHAPE) -> Case:
-  n = _size(shape)
+  n, r = _size(shape), rounding_lib.parse(rounding)
   return Case(
       f"mx_quantize_dequantize {fmt} axis {axis} {scale_rule} {rounding} "
       f"{jnp.dtype(dtype).name} {shape}",
       "mx_quantize_dequantize",
       lambda x, k: kernels.mx_quantize_dequantize(
-          x, fmt, axis=axis, scale_rule=scale_rule, rounding=rounding, use_kernel=True,
-          **_stochastic(rounding, k)),
-      _args(shape, dtype, rounding),
+          x, fmt, axis=axis, scale_rule=scale_rule, rounding=r, use_kernel=True,
+          **_stochastic(r, k)),
+      _args(shape, dtype, r),
       n * jnp.dtype(dtype).itemsize + 4 * n)
 
 
 def nvfp4(kernel: str, axis: int, rounding: str, dtype=jnp.float32,
           shape=QUANTIZE_SHAPE) -> Case:
-  n = _size(shape)
+  n, r = _size(shape), rounding_lib.parse(rounding)
   fn = getattr(kernels, kernel)
   extra = {} if kernel == "nvfp4_quantize" else dict(axis=axis)
   out = n + n // NVFP4_BLOCK if kernel == "nvfp4_quantize" else 4 * n
   # The tensor amax is one more read of x, before the kernel.
   return Case(
       f"{kernel} axis {axis} {rounding} {jnp.dtype(dtype).name} {shape}", kernel,
-      lambda x, k: fn(x, rounding=rounding, use_kernel=True, **extra,
-                      **_stochastic(rounding, k)),
-      _args(shape, dtype, rounding),
+      lambda x, k: fn(x, rounding=r, use_kernel=True, **extra, **_stochastic(r, k)),
+      _args(shape, dtype, r),
       2 * n * jnp.dtype(dtype).itemsize + out)
 
 
@@ -122,7 +122,7 @@ def mx_matmul(fa: str, fb: str, n: int = MATMUL_SIZE) -> Case:
 def _covering_cases() -> list[Case]:
   fmts = blockscale.MX_ELEMENT_FORMATS
   rules = blockscale.SCALE_RULES
-  roundings = ("nearest", "stochastic", "toward_zero")
+  roundings = rounding_lib.ROUNDINGS
   cases = [mx_quantize(f, "floor", "stochastic") for f in fmts]
   cases += [mx_quantize("e4m3", "rceil", "nearest", jnp.bfloat16),
             mx_quantize("e2m1", "ceil", "toward_zero"),
@@ -156,7 +156,7 @@ def all_cases() -> dict[str, Case]:
   the fused quantizer), every NVFP4 kernel x axis x rounding, every matmul format pair,
   plus :data:`CASES`."""
   fmts = blockscale.MX_ELEMENT_FORMATS
-  roundings = ("nearest", "stochastic", "toward_zero")
+  roundings = rounding_lib.ROUNDINGS
   cases = list(CASES.values())
   for f, rule, r in itertools.product(fmts, blockscale.SCALE_RULES, roundings):
     cases.append(mx_quantize(f, rule, r))

@@ -35,7 +35,7 @@ from lowprec.numerics.kernels import blockwise
 from lowprec.numerics.kernels import dispatch
 
 
-def _check(x, fmt, scale_rule, rounding, key, rand_bits, fn):
+def _check(x, fmt, scale_rule, rounding, key, fn):
   f = formats_lib.get(fmt)
   if f.name not in blockscale.MX_ELEMENT_FORMATS:
     raise ValueError(f"MX element format must be one of {blockscale.MX_ELEMENT_FORMATS}, "
@@ -43,49 +43,39 @@ def _check(x, fmt, scale_rule, rounding, key, rand_bits, fn):
   if scale_rule not in blockscale.SCALE_RULES:
     raise ValueError(f"unknown scale_rule {scale_rule!r}; known: "
                      f"{', '.join(blockscale.SCALE_RULES)}")
-  rounding_lib.check_rounding_args(rounding, key, rand_bits)
+  rounding_lib.check_kernel_rounding(rounding, key, fn)
   return f, rounding_lib.check_float_input(x, fn)
 
 
-def _quantize_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
+def _quantize_body(x, words, scalars, axis, *, f, scale_rule, rounding):
   del scalars
-  w = words() if rounding == "stochastic" else None
-  return mx.mx_quantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule, rounding, w,
-                             rand_bits)
+  w = words() if rounding.needs_key else None
+  return mx.mx_quantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule, rounding, w)
 
 
-def _qdq_body(x, words, scalars, axis, *, f, scale_rule, rounding, rand_bits):
+def _qdq_body(x, words, scalars, axis, *, f, scale_rule, rounding):
   del scalars
-  w = words() if rounding == "stochastic" else None
+  w = words() if rounding.needs_key else None
   return (mx.mx_quantize_dequantize_core(x, f, (axis,), (MX_BLOCK,), scale_rule,
-                                         rounding, w, rand_bits),)
+                                         rounding, w),)
 
 
-def _stochastic(rounding, key, rand_bits) -> dict:
-  """The jnp path's stochastic-rounding arguments (none for deterministic rounding)."""
-  if rounding != "stochastic":
-    return {}
-  return dict(key=key, rand_bits=rand_bits, rng="hash")
-
-
-_STATIC = ("fmt", "scale_rule", "rounding", "rand_bits", "tile", "impl", "interpret_as")
+_STATIC = ("fmt", "scale_rule", "rounding", "tile", "impl", "interpret_as")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, rand_bits, tile, impl,
-                 interpret_as):
+def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, tile, impl, interpret_as):
   f = formats_lib.get(fmt)
 
   def jnp_fn(xp, key):
     q = blockscale.quantize_mx(xp, f, block_shape=MX_BLOCK, axis=-1,
-                               scale_rule=scale_rule, rounding=rounding,
-                               **_stochastic(rounding, key, rand_bits))
+                               scale_rule=scale_rule, rounding=rounding, key=key)
     return q.codes, q.scales
 
   def kernel_fn(variant, interpret, xp, key):
     x2, axis = blockwise.as_2d(xp, xp.ndim - 1)
     body = functools.partial(_quantize_body, f=f, scale_rule=scale_rule,
-                             rounding=rounding, rand_bits=rand_bits)
+                             rounding=rounding)
     codes, scales = blockwise.blockwise_call(
         body, x2, axis=axis, block=MX_BLOCK,
         outputs=((blockwise.FULL, jnp.uint8), (blockwise.BLOCKS, jnp.uint8)),
@@ -98,21 +88,21 @@ def _mx_quantize(xp, key, *, fmt, scale_rule, rounding, rand_bits, tile, impl,
 
 
 def mx_quantize(x: jax.Array, fmt: str = "e4m3", *, scale_rule: str = "floor",
-                rounding: str = "nearest", key: jax.Array | None = None,
-                rand_bits: int | None = None, pad: bool = False,
+                rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                key: jax.Array | None = None, pad: bool = False,
                 tile: tuple[int, int] | None = None, interpret: bool = False,
                 use_kernel: bool | None = None, interpret_as: str = dispatch.GPU
                 ) -> blockscale.QuantizedArray:
   """OCP MX quantization in 1x32 blocks along the last axis, as one Pallas kernel.
 
   Equal bit for bit to ``numerics.quantize_mx(x, fmt, scale_rule=..., rounding=...,
-  key=..., rand_bits=..., pad=...)`` (hash random words).
+  key=..., pad=...)`` (``Stochastic`` with the ``"hash"`` generator only).
 
   Args:
     x: float32/bfloat16/float16 array, ndim >= 1 (leading axes are flattened into
       rows); the last axis a multiple of 32 unless ``pad``.
     fmt: e4m3, e5m2, e2m3, e3m2, e2m1 or int8.
-    scale_rule, rounding, key, rand_bits: as :func:`numerics.quantize_mx`.
+    scale_rule, rounding, key: as :func:`numerics.quantize_mx`.
     pad: zero-pad the last axis to a multiple of 32 (the codes keep the padding).
     tile: kernel tile ``(rows, cols)`` (default per backend, see
       :mod:`numerics.kernels.blockwise`).
@@ -124,16 +114,15 @@ def mx_quantize(x: jax.Array, fmt: str = "e4m3", *, scale_rule: str = "floor",
   Returns:
     A :class:`numerics.QuantizedArray` (axes ``(ndim-1,)``, blocks ``(32,)``).
   """
-  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits,
-                "mx_quantize")
+  f, x = _check(x, fmt, scale_rule, rounding, key, "mx_quantize")
   if x.ndim < 1:
     raise ValueError("mx_quantize needs an array with at least one axis")
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, x.ndim - 1, MX_BLOCK, pad)
   codes, scales = _mx_quantize(
-      xp, key if rounding == "stochastic" else None, fmt=f.name, scale_rule=scale_rule,
-      rounding=rounding, rand_bits=rand_bits, tile=None if tile is None else tuple(tile),
-      impl=impl, interpret_as=dispatch.check_variant(interpret_as))
+      xp, key, fmt=f.name, scale_rule=scale_rule, rounding=rounding,
+      tile=None if tile is None else tuple(tile), impl=impl,
+      interpret_as=dispatch.check_variant(interpret_as))
   return blockscale.QuantizedArray(
       codes=codes, scales=scales, tensor_scale=jnp.float32(1.0), fmt=f.name,
       scale_fmt="e8m0", axes=(x.ndim - 1,), block_shape=(MX_BLOCK,),
@@ -141,19 +130,17 @@ def mx_quantize(x: jax.Array, fmt: str = "e4m3", *, scale_rule: str = "floor",
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("axis",))
-def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, rand_bits, tile, impl,
-            interpret_as):
+def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, tile, impl, interpret_as):
   f = formats_lib.get(fmt)
 
   def jnp_fn(xp, key):
     return blockscale.quantize_dequantize_mx(
         xp, f, block_shape=MX_BLOCK, axis=axis, scale_rule=scale_rule,
-        rounding=rounding, **_stochastic(rounding, key, rand_bits))
+        rounding=rounding, key=key)
 
   def kernel_fn(variant, interpret, xp, key):
     x2, axis2 = blockwise.as_2d(xp, axis)
-    body = functools.partial(_qdq_body, f=f, scale_rule=scale_rule, rounding=rounding,
-                             rand_bits=rand_bits)
+    body = functools.partial(_qdq_body, f=f, scale_rule=scale_rule, rounding=rounding)
     (out,) = blockwise.blockwise_call(
         body, x2, axis=axis2, block=MX_BLOCK, outputs=((blockwise.FULL, jnp.float32),),
         seeds=blockwise.seeds_of(key, xp), scalars=jnp.zeros((2,), jnp.float32),
@@ -164,9 +151,10 @@ def _mx_qdq(xp, key, *, fmt, axis, scale_rule, rounding, rand_bits, tile, impl,
 
 
 def mx_quantize_dequantize(x: jax.Array, fmt: str = "e4m3", *, axis: int = -1,
-                           scale_rule: str = "floor", rounding: str = "nearest",
-                           key: jax.Array | None = None, rand_bits: int | None = None,
-                           pad: bool = False, tile: tuple[int, int] | None = None,
+                           scale_rule: str = "floor",
+                           rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                           key: jax.Array | None = None, pad: bool = False,
+                           tile: tuple[int, int] | None = None,
                            interpret: bool = False, use_kernel: bool | None = None,
                            interpret_as: str = dispatch.GPU) -> jax.Array:
   """Fused MX fake quantization: float32 ``dequantize(quantize_mx(x))``, one pass.
@@ -183,14 +171,13 @@ def mx_quantize_dequantize(x: jax.Array, fmt: str = "e4m3", *, axis: int = -1,
   Returns:
     float32, x's shape. Gradient: straight-through (:mod:`numerics.gradients`).
   """
-  f, x = _check(x, fmt, scale_rule, rounding, key, rand_bits,
-                "mx_quantize_dequantize")
+  f, x = _check(x, fmt, scale_rule, rounding, key, "mx_quantize_dequantize")
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, MX_BLOCK, pad)
   run = lambda xp, key: _mx_qdq(
       xp, key, fmt=f.name, axis=ax, scale_rule=scale_rule, rounding=rounding,
-      rand_bits=rand_bits, tile=None if tile is None else tuple(tile), impl=impl,
+      tile=None if tile is None else tuple(tile), impl=impl,
       interpret_as=dispatch.check_variant(interpret_as))
-  out = gradients.straight_through(run, xp, key if rounding == "stochastic" else None)
+  out = gradients.straight_through(run, xp, key)
   return out[tuple(slice(0, d) for d in x.shape)]

@@ -34,18 +34,18 @@ from lowprec.numerics.kernels import blockwise
 from lowprec.numerics.kernels import dispatch
 
 
-def _check(x, rounding, key, rand_bits, fn):
-  rounding_lib.check_rounding_args(rounding, key, rand_bits)
+def _check(x, rounding, key, fn):
+  rounding_lib.check_kernel_rounding(rounding, key, fn)
   x = rounding_lib.check_float_input(x, fn)
   if x.ndim < 1:
     raise ValueError("NVFP4 needs an array with at least one axis")
   return x
 
 
-def _body(x, words, scalars, axis, *, rounding, rand_bits, dequantize):
-  w = words() if rounding == "stochastic" else None
+def _body(x, words, scalars, axis, *, rounding, dequantize):
+  w = words() if rounding.needs_key else None
   codes, scales, values = nvfp4_te.nvfp4_quantize_core(
-      x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w, rand_bits)
+      x, scalars[0], (axis,), (NVFP4_BLOCK,), rounding, w)
   if dequantize == "blocks":
     return (values,)
   if dequantize:
@@ -55,34 +55,30 @@ def _body(x, words, scalars, axis, *, rounding, rand_bits, dequantize):
   return codes, scales
 
 
-_STATIC = ("axis", "rounding", "rand_bits", "tile", "impl", "interpret_as", "dequantize",
+_STATIC = ("axis", "rounding", "tile", "impl", "interpret_as", "dequantize",
            "amax_axis_name")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequantize,
+def _nvfp4(xp, key, *, axis, rounding, tile, impl, interpret_as, dequantize,
            amax_axis_name):
   xf = xp.astype(jnp.float32)
   s_enc, inv_s_enc = nvfp4_te.nvfp4_tensor_scale(xf, amax_axis_name=amax_axis_name)
 
   def jnp_fn(xp, key, s_enc, inv_s_enc):
     del s_enc, inv_s_enc
-    stochastic = (dict(key=key, rand_bits=rand_bits, rng="hash")
-                  if rounding == "stochastic" else {})
     if dequantize == "blocks":
       return blockscale.quantize_dequantize_nvfp4_blocks(
-          xp, axis=axis, rounding=rounding, amax_axis_name=amax_axis_name,
-          **stochastic)[0]
+          xp, axis=axis, rounding=rounding, amax_axis_name=amax_axis_name, key=key)[0]
     q = blockscale.quantize_nvfp4(xp, axis=axis, rounding=rounding,
-                                  amax_axis_name=amax_axis_name, **stochastic)
+                                  amax_axis_name=amax_axis_name, key=key)
     if dequantize:
       return blockscale.dequantize(q)
     return q.codes, q.scales
 
   def kernel_fn(variant, interpret, xp, key, s_enc, inv_s_enc):
     x2, axis2 = blockwise.as_2d(xp, axis)
-    body = functools.partial(_body, rounding=rounding, rand_bits=rand_bits,
-                             dequantize=dequantize)
+    body = functools.partial(_body, rounding=rounding, dequantize=dequantize)
     if dequantize:
       outputs = ((blockwise.FULL, jnp.float32),)
     else:
@@ -103,17 +99,18 @@ def _nvfp4(xp, key, *, axis, rounding, rand_bits, tile, impl, interpret_as, dequ
   return out, inv_s_enc
 
 
-def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
-                   key: jax.Array | None = None, rand_bits: int | None = None,
-                   pad: bool = False, tile: tuple[int, int] | None = None,
+def nvfp4_quantize(x: jax.Array, *,
+                   rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                   key: jax.Array | None = None, pad: bool = False,
+                   tile: tuple[int, int] | None = None,
                    interpret: bool = False, use_kernel: bool | None = None,
                    interpret_as: str = dispatch.GPU,
                    amax_axis_name: blockscale.AmaxAxisName = None
                    ) -> blockscale.QuantizedArray:
   """NVFP4 quantization in 1x16 blocks along the last axis, as one Pallas kernel.
 
-  Equal bit for bit to ``numerics.quantize_nvfp4(x, rounding=..., key=...,
-  rand_bits=..., pad=...)`` (hash random words).
+  Equal bit for bit to ``numerics.quantize_nvfp4(x, rounding=..., key=..., pad=...)``
+  (``Stochastic`` with the ``"hash"`` generator only).
 
   Args:
     x: float32/bfloat16/float16, ndim >= 1; the last axis a multiple of 16 unless
@@ -126,13 +123,13 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
     A :class:`numerics.QuantizedArray` (E2M1 codes, E4M3 scale codes,
     ``tensor_scale = 1/S_enc``).
   """
-  x = _check(x, rounding, key, rand_bits, "nvfp4_quantize")
+  x = _check(x, rounding, key, "nvfp4_quantize")
   amax_axis_name = blockscale.check_amax_axis_name(amax_axis_name, "nvfp4_quantize")
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, x.ndim - 1, NVFP4_BLOCK, pad)
   (codes, scales), inv_s_enc = _nvfp4(
-      xp, key if rounding == "stochastic" else None, axis=x.ndim - 1, rounding=rounding,
-      rand_bits=rand_bits, tile=None if tile is None else tuple(tile), impl=impl,
+      xp, key, axis=x.ndim - 1, rounding=rounding,
+      tile=None if tile is None else tuple(tile), impl=impl,
       interpret_as=dispatch.check_variant(interpret_as), dequantize=False,
       amax_axis_name=amax_axis_name)
   return blockscale.QuantizedArray(
@@ -141,17 +138,17 @@ def nvfp4_quantize(x: jax.Array, *, rounding: str = "nearest",
       scale_rule="nvfp4")
 
 
-def _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret, use_kernel,
+def _fake_quantizer(x, axis, rounding, key, pad, tile, interpret, use_kernel,
                     interpret_as, *, dequantize, fn, amax_axis_name):
   """(checked x, x padded along the blocked axis, ``run(xp, key)`` returning
   ``_nvfp4``'s (output, 1/S_enc)) of the fused fake quantizers."""
-  x = _check(x, rounding, key, rand_bits, fn)
+  x = _check(x, rounding, key, fn)
   amax_axis_name = blockscale.check_amax_axis_name(amax_axis_name, fn)
   ax = blockwise.normalize_axis(axis, x.ndim)
   impl = dispatch.resolve(use_kernel, interpret, interpret_as=interpret_as, tile=tile)
   xp = blockwise.pad_blocked_axis(x, ax, NVFP4_BLOCK, pad)
   run = lambda xp, key: _nvfp4(
-      xp, key, axis=ax, rounding=rounding, rand_bits=rand_bits,
+      xp, key, axis=ax, rounding=rounding,
       tile=None if tile is None else tuple(tile), impl=impl,
       interpret_as=dispatch.check_variant(interpret_as), dequantize=dequantize,
       amax_axis_name=amax_axis_name)
@@ -159,8 +156,8 @@ def _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret, use
 
 
 def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
-                              rounding: str = "nearest", key: jax.Array | None = None,
-                              rand_bits: int | None = None, pad: bool = False,
+                              rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+                              key: jax.Array | None = None, pad: bool = False,
                               tile: tuple[int, int] | None = None,
                               interpret: bool = False, use_kernel: bool | None = None,
                               interpret_as: str = dispatch.GPU,
@@ -178,19 +175,18 @@ def nvfp4_quantize_dequantize(x: jax.Array, *, axis: int = -1,
 
   Gradient: straight-through (:mod:`numerics.gradients`).
   """
-  x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
+  x, xp, run = _fake_quantizer(x, axis, rounding, key, pad, tile, interpret,
                                use_kernel, interpret_as, dequantize=True,
                                fn="nvfp4_quantize_dequantize",
                                amax_axis_name=amax_axis_name)
-  out = gradients.straight_through(lambda xp, key: run(xp, key)[0], xp,
-                                   key if rounding == "stochastic" else None)
+  out = gradients.straight_through(lambda xp, key: run(xp, key)[0], xp, key)
   return out[tuple(slice(0, d) for d in x.shape)]
 
 
 def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
-                                     rounding: str = "nearest",
-                                     key: jax.Array | None = None,
-                                     rand_bits: int | None = None, pad: bool = False,
+                                     rounding: rounding_lib.Rounding = (
+                                         rounding_lib.Nearest()),
+                                     key: jax.Array | None = None, pad: bool = False,
                                      tile: tuple[int, int] | None = None,
                                      interpret: bool = False,
                                      use_kernel: bool | None = None,
@@ -208,12 +204,12 @@ def nvfp4_quantize_dequantize_blocks(x: jax.Array, *, axis: int = -1,
   Args: as :func:`nvfp4_quantize_dequantize`. Not differentiable (raises under
   ``jax.grad``: ``values`` is not in x's units).
   """
-  x, xp, run = _fake_quantizer(x, axis, rounding, key, rand_bits, pad, tile, interpret,
+  x, xp, run = _fake_quantizer(x, axis, rounding, key, pad, tile, interpret,
                                use_kernel, interpret_as, dequantize="blocks",
                                fn="nvfp4_quantize_dequantize_blocks",
                                amax_axis_name=amax_axis_name)
   values, inv_s_enc = gradients.not_differentiable(
       run, "nvfp4_quantize_dequantize_blocks",
       "nvfp4_quantize_dequantize (straight-through)")(
-          xp, key if rounding == "stochastic" else None)
+          xp, key)
   return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc

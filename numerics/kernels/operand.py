@@ -28,7 +28,9 @@ from lowprec.numerics.kernels import nvfp4_quantizers
 
 def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
   """Whether a fused kernel implements ``spec`` for an ``ndim``-d operand."""
-  if spec.is_cast or len(spec.block_shape) != 1 or spec.rng != "hash":
+  if spec.is_cast or len(spec.block_shape) != 1:
+    return False
+  if isinstance(spec.rounding, rounding_lib.Stochastic) and spec.rounding.rng != "hash":
     return False
   if isinstance(spec.axis, tuple) or not -ndim <= spec.axis < ndim:
     return False
@@ -39,14 +41,6 @@ def kernel_eligible(spec: quantizer.QuantSpec, ndim: int) -> bool:
   return (spec.block_shape == (blockscale.MX_BLOCK,)
           and spec.fmt in blockscale.MX_ELEMENT_FORMATS
           and spec.scale_rule in blockscale.SCALE_RULES)  # qwix's scale: jnp path
-
-
-def _check_key(spec: quantizer.QuantSpec, key) -> None:
-  if spec.needs_key and key is None:
-    raise ValueError("rounding='stochastic' needs a PRNG key")
-  if not spec.needs_key and key is not None:
-    raise ValueError(f"key is used by rounding='stochastic' only; this spec rounds "
-                     f"{spec.rounding!r}")
 
 
 def _runs_kernel(x, spec: quantizer.QuantSpec, use_kernel: bool | None, interpret: bool,
@@ -73,16 +67,16 @@ def quantize_dequantize(x: jax.Array, spec: quantizer.QuantSpec, *,
   x = rounding_lib.check_float_input(x, "kernels.quantize_dequantize")
   if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return quantizer.quantize_dequantize(x, spec, key=key)
-  _check_key(spec, key)
+  spec.rounding.check_key(key)
   mode = dict(use_kernel=use_kernel, interpret=interpret, interpret_as=interpret_as)
   if spec.fmt == "nvfp4":
     kernel = lambda x, key: nvfp4_quantizers.nvfp4_quantize_dequantize(
-        x, axis=spec.axis, rounding=spec.rounding, key=key, rand_bits=spec.rand_bits,
-        pad=spec.pad, amax_axis_name=spec.amax_axis_name, **mode)
+        x, axis=spec.axis, rounding=spec.rounding, key=key, pad=spec.pad,
+        amax_axis_name=spec.amax_axis_name, **mode)
   else:
     kernel = lambda x, key: mx_quantizers.mx_quantize_dequantize(
         x, spec.fmt, axis=spec.axis, scale_rule=spec.scale_rule, rounding=spec.rounding,
-        key=key, rand_bits=spec.rand_bits, pad=spec.pad, **mode)
+        key=key, pad=spec.pad, **mode)
   return gradients.straight_through(kernel, jax.numpy.asarray(x), key)
 
 
@@ -110,14 +104,12 @@ def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
   if not splits_tensor_scale(spec):
     return quantize_dequantize(x, spec, key=key, use_kernel=use_kernel,
                                interpret=interpret, interpret_as=interpret_as), None
-  _check_key(spec, key)
-  stochastic = (dict(key=key, rand_bits=spec.rand_bits) if spec.needs_key else {})
+  spec.rounding.check_key(key)
   if not _runs_kernel(x, spec, use_kernel, interpret, interpret_as):
     return blockscale.quantize_dequantize_nvfp4_blocks(
         x, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
-        pad=spec.pad, amax_axis_name=spec.amax_axis_name, **stochastic,
-        **(dict(rng=spec.rng) if spec.needs_key else {}))
+        pad=spec.pad, amax_axis_name=spec.amax_axis_name, key=key)
   return nvfp4_quantizers.nvfp4_quantize_dequantize_blocks(
       x, axis=spec.axis, rounding=spec.rounding, pad=spec.pad, use_kernel=use_kernel,
       interpret=interpret, interpret_as=interpret_as,
-      amax_axis_name=spec.amax_axis_name, **stochastic)
+      amax_axis_name=spec.amax_axis_name, key=key)

@@ -7,11 +7,12 @@
     deoscillate(Q, period, ratio, start_step)   ALTO weight de-oscillation (post-step)
     quantized_adamw(lr, ..., state_format="dynamic8")   Adam(W) with quantized moments
     state_format(name, ...) / MomentCodec / StateFormat  how the moments are stored
-    bf16_master_weights(rounding="stochastic" | "kahan" | "nearest")   last in a chain
+    bf16_master_weights(rounding=Stochastic() | Kahan() | Nearest())    last in a chain
 """
 
 from lowprec.numerics.optim.deoscillation import DeoscillationState, deoscillate
-from lowprec.numerics.optim.master_weights import MasterWeightsState, bf16_master_weights
+from lowprec.numerics.optim.master_weights import (Kahan, MasterWeightsState,
+                                                   bf16_master_weights)
 from lowprec.numerics.optim.moment_codecs import (EncodedMoment, MomentCodec, StateFormat,
                                           state_format, state_format_names)
 from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
@@ -28,7 +29,7 @@ __all__ = [
     "cycle_lengths", "default_param_labels", "handoff", "in_second_phase",
     "momentum_transfer", "muon", "newton_schulz", "no_transfer", "perturbation", "sam",
     "scale_by_muon", "shape_scale", "warm_restarts_schedule",
-    "EncodedMoment", "MasterWeightsState", "MomentCodec", "QuantizedAdamState",
+    "EncodedMoment", "Kahan", "MasterWeightsState", "MomentCodec", "QuantizedAdamState",
     "StateFormat", "bf16_master_weights", "decoded_moments", "quantized_adamw",
     "scale_by_quantized_adam", "state_format", "state_format_names",
 ]

@@ -45,11 +45,12 @@ decoding (so one bit of the code is unused); ``cast`` encodes and decodes ``|x|`
 Signed codecs refuse unsigned codebooks (they cannot hold a negative first moment).
 ``sqrt=True`` (unsigned codecs only) stores ``sqrt(|x|)`` and decodes its square.
 
-**Rounding**: ``nearest`` (round half to even on grids; codebooks as in
-:mod:`numerics.codebooks`) or ``stochastic``: grid kinds round in the integer domain
-with ``rand_bits`` random bits (:mod:`numerics.rounding`; ``None``: every discarded
-bit), codebooks with 24-bit uniforms. Random words are a function of the key and the
-element's position in the padded flat array (``numerics.random_bits``, ``hash``).
+**Rounding**: ``Nearest()`` (round half to even on grids; codebooks as in
+:mod:`numerics.codebooks`) or ``Stochastic(bits=..., rng=...)``: grid kinds round in
+the integer domain with ``bits`` random bits (:mod:`numerics.rounding`; ``None``: every
+discarded bit), codebooks with 24-bit uniforms. Random words are a function of the key
+and the element's position in the padded flat array (:mod:`numerics.random_bits`, the
+rounding's generator).
 The block scales are never rounded stochastically.
 
 :class:`StateFormat` pairs a first-moment and a second-moment codec; ``state_format``
@@ -71,13 +72,14 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import codebooks
 from lowprec.numerics import encoding
 from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import random_bits as random_bits_lib
 from lowprec.numerics import rounding as rounding_lib
 
 KINDS = ("identity", "cast", "scaled", "codebook", "mx")
 SCALED_FORMATS = ("int8", "e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 CAST_FORMATS = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
-ROUNDINGS = ("nearest", "stochastic")
+# The names of the roundings a codec takes (numerics.rounding.parse reads them).
+_KINDS = (rounding_lib.Nearest, rounding_lib.Stochastic)
+ROUNDINGS = tuple(k.name for k in _KINDS)
 _U = np.uint32
 _UINT8_TOP = 255.0
 _MIN_NORMAL = np.float32(2.0 ** -126)
@@ -93,9 +95,8 @@ class MomentCodec:
       (scaled, mx) or a codebook name (codebook).
     block_size: elements per scale block (scaled, codebook, mx; None otherwise).
     unsigned: an unsigned codec (decodes to values >= 0; see the module docstring).
-    rounding: ``nearest`` or ``stochastic`` (not for identity).
-    rand_bits: random bits per element for stochastic grid rounding (None: all);
-      codebooks always use 24.
+    rounding: ``Nearest()`` or ``Stochastic(bits=..., rng=...)`` (not for identity);
+      codebooks always use 24 random bits (``Stochastic(bits=None)``).
     scale_rule: the MX scale rule (mx only).
     sqrt: store ``sqrt(|x|)`` and decode its square (unsigned codecs only): a block
       then spans the square root of the values' dynamic range, so fewer small values
@@ -106,8 +107,7 @@ class MomentCodec:
   fmt: str = "fp32"
   block_size: int | None = None
   unsigned: bool = False
-  rounding: str = "nearest"
-  rand_bits: int | None = None
+  rounding: rounding_lib.Rounding = rounding_lib.Nearest()
   scale_rule: str = "floor"
   sqrt: bool = False
 
@@ -115,13 +115,12 @@ class MomentCodec:
     k = self.kind
     if k not in KINDS:
       raise ValueError(f"unknown codec kind {k!r}; known: {', '.join(KINDS)}")
-    if self.rounding not in ROUNDINGS:
-      raise ValueError(f"unknown rounding {self.rounding!r}; known: {', '.join(ROUNDINGS)}")
+    rounding_lib.check_rounding(self.rounding, "MomentCodec", kinds=_KINDS)
     if k == "identity":
       if self.fmt != "fp32":
         raise ValueError(f"the identity codec stores fp32, got fmt={self.fmt!r}")
-      if self.rounding != "nearest":
-        raise ValueError("the identity codec does not round; rounding must be 'nearest'")
+      if self.rounding.needs_key:
+        raise ValueError("the identity codec does not round; rounding must be Nearest()")
       if self.unsigned or self.sqrt:
         raise ValueError("the identity codec stores x as is: unsigned and sqrt do not "
                          "apply")
@@ -141,9 +140,9 @@ class MomentCodec:
       if not self.unsigned and not book.signed:
         raise ValueError(f"codebook {book.name!r} has no negative levels; a signed "
                          f"codec cannot store a negative moment")
-      if self.rand_bits is not None:
+      if getattr(self.rounding, "bits", None) is not None:
         raise ValueError("codebook stochastic rounding uses 24 random bits; leave "
-                         "rand_bits=None")
+                         "Stochastic(bits=None)")
     elif k == "mx":
       if self.fmt not in blockscale.MX_ELEMENT_FORMATS:
         raise ValueError(f"mx codec fmt must be one of {blockscale.MX_ELEMENT_FORMATS}, "
@@ -165,10 +164,6 @@ class MomentCodec:
       raise ValueError(f"{k} codec has no blocks; block_size must be None")
     if self.sqrt and not self.unsigned:
       raise ValueError("sqrt storage needs an unsigned codec (unsigned=True)")
-    if self.rand_bits is not None:
-      if self.rounding != "stochastic":
-        raise ValueError("rand_bits is only used with rounding='stochastic'")
-      rounding_lib.check_rand_bits(self.rand_bits)
 
   @property
   def code_bits(self) -> int:
@@ -180,10 +175,6 @@ class MomentCodec:
     if self.kind == "codebook":
       return codebooks.get(self.fmt).bits
     return 4 if self.fmt == "e2m1" else 8
-
-  @property
-  def is_stochastic(self) -> bool:
-    return self.rounding == "stochastic"
 
   def init(self, shape: tuple[int, ...]) -> "EncodedMoment":
     """The encoding of zeros of ``shape``, built without computing (equal to
@@ -217,9 +208,9 @@ class MomentCodec:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
       raise TypeError(f"encode expects a floating array, got {x.dtype}")
-    if self.is_stochastic and key is None:
+    if self.rounding.needs_key and key is None:
       raise ValueError(f"codec {self} rounds stochastically and needs a key")
-    if not self.is_stochastic and key is not None:
+    if not self.rounding.needs_key and key is not None:
       raise ValueError(f"codec {self} rounds to nearest; a key would be ignored")
     if x.size == 0 and self.kind not in ("identity", "cast"):
       raise ValueError(f"{self.kind} codec cannot store an empty array")
@@ -234,8 +225,7 @@ class MomentCodec:
     if self.sqrt:
       x = jnp.sqrt(x)
     if self.kind == "cast":
-      y = rounding_lib.cast(x, self.fmt, rounding=self.rounding,
-                            **self._stochastic_args(key))
+      y = rounding_lib.cast(x, self.fmt, rounding=self.rounding, key=key)
       return EncodedMoment(y.astype(CAST_FORMATS[self.fmt]), None, shape, self)
     n = x.size
     if self.kind == "mx":
@@ -243,18 +233,13 @@ class MomentCodec:
     b = self.block_size
     nb = -(-n // b)
     x_NxB = jnp.pad(x.reshape(-1), (0, nb * b - n)).reshape(nb, b)
-    words = (random_bits_lib.random_words(key, x_NxB.shape, shard_of=x_NxB)
-             if self.is_stochastic else None)
+    words = self.rounding.words(key, x_NxB.shape, shard_of=x_NxB)
     if self.kind == "codebook":
       codes, absmax = codebooks.quantize_blocks(x_NxB, self.fmt, rounding=self.rounding,
                                                 words=words)
     else:
       codes, absmax = self._encode_scaled(x_NxB, words)
     return EncodedMoment(self._store(codes.reshape(-1)[:n]), absmax, shape, self)
-
-  def _stochastic_args(self, key: jax.Array | None) -> dict:
-    # numerics' casts refuse a key or rand_bits that nearest rounding would ignore
-    return (dict(key=key, rand_bits=self.rand_bits) if self.is_stochastic else {})
 
   def _top(self) -> float:
     if self.fmt == "int8" and self.unsigned:
@@ -273,17 +258,16 @@ class MomentCodec:
     if self.fmt == "int8" and self.unsigned:
       # The unsigned linear code: integers 0..255 (a grid with quantum 1 below 2^9).
       a = lax.bitcast_convert_type(t, jnp.uint32) & _U(0x7FFFFFFF)
-      mag = rounding_lib.round_magnitude(a, 8, 8, self.rounding, words, self.rand_bits)
+      mag = rounding_lib.round_magnitude(a, 8, 8, self.rounding, words)
       mag = jnp.minimum(mag, _U(np.float32(_UINT8_TOP).view(np.uint32)))
       return lax.bitcast_convert_type(mag, jnp.float32).astype(jnp.uint8), absmax
-    e = rounding_lib.round_f32(t, f, rounding=self.rounding, words=words,
-                               rand_bits=self.rand_bits, saturate=True)
+    e = rounding_lib.round_f32(t, f, rounding=self.rounding, words=words, saturate=True)
     return self._unsign(encoding.encode(e, f)), absmax
 
   def _encode_mx(self, x, key, shape):
     q = blockscale.quantize_mx(x.reshape(-1), self.fmt, block_shape=self.block_size,
                                axis=0, scale_rule=self.scale_rule, rounding=self.rounding,
-                               pad=True, **self._stochastic_args(key))
+                               pad=True, key=key)
     return EncodedMoment(self._store(self._unsign(q.codes[:x.size])), q.scales, shape,
                          self)
 
@@ -410,7 +394,7 @@ class StateFormat:
 
   @property
   def is_stochastic(self) -> bool:
-    return self.mu.is_stochastic or self.nu.is_stochastic
+    return self.mu.rounding.needs_key or self.nu.rounding.needs_key
 
   def codecs_for(self, size: int) -> tuple[MomentCodec, MomentCodec]:
     """(mu, nu) codecs of a leaf of ``size`` elements (float32 below ``min_size``)."""
@@ -449,7 +433,7 @@ def state_format_names() -> tuple[str, ...]:
 
 
 def state_format(name: str, *, block_size: int | None = None,
-                 rounding: str = "nearest", rand_bits: int | None = None,
+                 rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
                  scale_rule: str = "floor", sqrt_nu: bool = False,
                  min_size: int = 4096) -> StateFormat:
   """A named :class:`StateFormat` (first moment, second moment):
@@ -473,8 +457,8 @@ def state_format(name: str, *, block_size: int | None = None,
   Args:
     name: a row above.
     block_size: overrides the row's block size (not for fp32/bf16).
-    rounding: ``nearest`` or ``stochastic`` for both moments (not for fp32).
-    rand_bits: random bits for stochastic grid rounding (None: all).
+    rounding: ``Nearest()`` or ``Stochastic(bits=..., rng=...)`` for both moments
+      (not for fp32).
     scale_rule: MX scale rule (mx rows only).
     sqrt_nu: store the second moment as ``sqrt(v)`` (not for fp32).
     min_size: leaves with fewer elements keep float32 moments.
@@ -487,8 +471,7 @@ def state_format(name: str, *, block_size: int | None = None,
   if default_block is None and block_size is not None:
     raise ValueError(f"state format {name!r} has no blocks; block_size must be None")
   block = default_block if block_size is None else block_size
-  common = dict(block_size=block, rounding=rounding, rand_bits=rand_bits,
-                scale_rule=scale_rule)
+  common = dict(block_size=block, rounding=rounding, scale_rule=scale_rule)
   mu = MomentCodec(mu_kind, mu_fmt, unsigned=False, **common)
   if sqrt_nu and nu_kind == "identity":
     raise ValueError("sqrt_nu with a float32 second moment only adds rounding")

@@ -31,7 +31,7 @@ unsigned codec and squares it on decoding: a block then spans the square root of
 ``v``'s dynamic range, so fewer small second moments round to zero (a zero ``v`` under
 a non-zero ``m`` is the large-update failure of low-bit second moments).
 
-Stochastic rounding of the moments (a format built with ``rounding="stochastic"``):
+Stochastic rounding of the moments (a format built with ``rounding=Stochastic()``):
 the leaf named ``p`` at step ``t`` (``t`` = the new count, from 1) rounds ``m'`` with
 ``fold_in(leaf_key, 0)`` and ``v'`` with ``fold_in(leaf_key, 1)``, where ``leaf_key =
 fold_in(fold_in(key, t), crc32(p))`` (:mod:`numerics.optim.step_keys`). The state holds
@@ -148,8 +148,8 @@ def scale_by_quantized_adam(
       mu_key = nu_key = None
       if base_key is not None:
         k = step_keys.leaf_key(base_key, count_inc, name)
-        mu_key = jax.random.fold_in(k, _MU_TAG) if mu_e.codec.is_stochastic else None
-        nu_key = jax.random.fold_in(k, _NU_TAG) if nu_e.codec.is_stochastic else None
+        mu_key = jax.random.fold_in(k, _MU_TAG) if mu_e.codec.rounding.needs_key else None
+        nu_key = jax.random.fold_in(k, _NU_TAG) if nu_e.codec.rounding.needs_key else None
       new_mu.append(mu_e.codec.encode(mu_l, mu_key))
       new_nu.append(nu_e.codec.encode(nu_l, nu_key))
     return new_updates, QuantizedAdamState(count_inc, unflat(new_mu), unflat(new_nu))

@@ -17,6 +17,7 @@ from lowprec.models import lora
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
 from lowprec.numerics import memory
 from lowprec.numerics.quantizer import QuantSpec
+from lowprec.numerics.rounding import Stochastic
 
 CFG = TransformerConfig(vocab_size=32, d_model=64, num_layers=1, num_heads=4, d_ff=128,
                         max_len=8)
@@ -63,7 +64,7 @@ def test_config_errors():
   with pytest.raises(ValueError, match="base_format"):
     lora.LoRAConfig(base_format="int4")
   with pytest.raises(ValueError, match="stochastic"):
-    lora.LoRAConfig(base_format=QuantSpec("e4m3", 32, axis=0, rounding="stochastic"))
+    lora.LoRAConfig(base_format=QuantSpec("e4m3", 32, axis=0, rounding=Stochastic()))
   with pytest.raises(ValueError, match="'nf4' only"):
     lora.LoRAConfig(base_format="bf16", double_quant=False)
   with pytest.raises(ValueError, match="dequantize"):

@@ -7,6 +7,7 @@ import pytest
 
 from lowprec.numerics import accumulation as acc_lib
 from lowprec.numerics import operator_snr, qdot, recipes
+from lowprec.numerics.rounding import Nearest, Stochastic
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -22,7 +23,7 @@ def test_round_fraction():
   x = jnp.array([1 + 2.0 ** -14, 1 + 2.0 ** -15, -(1 + 3 * 2.0 ** -15), 3.0, jnp.inf])
   np.testing.assert_array_equal(acc_lib.round_fraction(x, 14),
                                 [1 + 2.0 ** -14, 1.0, -(1 + 2.0 ** -14), 3.0, jnp.inf])
-  np.testing.assert_array_equal(acc_lib.round_fraction(x[:3], 14, "nearest"),
+  np.testing.assert_array_equal(acc_lib.round_fraction(x[:3], 14, Nearest()),
                                 [1 + 2.0 ** -14, 1.0, -(1 + 2.0 ** -13)])
 
 
@@ -56,7 +57,7 @@ def test_promotion_order_and_ragged_last_chunk():
 
 def test_validation():
   for bad in (dict(fraction_bits=0), dict(fraction_bits=24), dict(promote_every=0),
-              dict(rounding="up")):
+              dict(rounding=Stochastic())):
     with pytest.raises(ValueError):
       acc_lib.Accumulation(**bad)
   with pytest.raises(TypeError, match="Accumulation"):

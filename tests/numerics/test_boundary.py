@@ -12,6 +12,7 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import blockscale, kernels, qdot, quantizer, recipes
+from lowprec.numerics.rounding import Nearest, Stochastic
 
 X = jax.random.normal(jax.random.key(0), (64, 64))
 DN = (((1,), (0,)), ((), ()))
@@ -103,8 +104,8 @@ def test_specs_and_recipes_validate_at_construction():
     numerics.quantize_nvfp4(X, block_shape=(32, 32))
   with pytest.raises(ValueError, match="scale_rule is for MX"):
     quantizer.QuantSpec(fmt="nvfp4", scale_rule="rceil")
-  with pytest.raises(ValueError, match="stochastic"):
-    quantizer.QuantSpec(fmt="e4m3", rand_bits=8)
+  with pytest.raises(TypeError, match="rounding must be Nearest"):
+    quantizer.QuantSpec(fmt="e4m3", rounding="stochastic")
 
 
 def test_empty_arrays():
@@ -142,16 +143,16 @@ def test_one_convention_key_dtype_and_recipe_names():
       jax.lax.dot_general(X, X, DN, precision=jax.lax.Precision.HIGHEST))
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(rounding="nearst"), "unknown rounding"),
-    (dict(rounding="stochastic"), "needs a PRNG key"),
-    (dict(key=jax.random.key(0)), "would ignore"),
-    (dict(rand_bits=8), "would ignore"),
-    (dict(rounding="stochastic", key=jax.random.key(0), rand_bits=0), "rand_bits"),
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(rounding="nearest"), TypeError, r"parse\('nearest'\)"),
+    (dict(rounding=Stochastic()), ValueError, "needs a PRNG key"),
+    (dict(key=jax.random.key(0)), ValueError, "would ignore"),
+    (dict(rounding=Nearest(), key=jax.random.key(0)), ValueError, "would ignore"),
 ])
-def test_every_quantizer_checks_rounding_arguments_alike(bad, match):
-  """One check (``rounding.check_rounding_args``, once written four times) behind the
-  element cast, the MX and NVFP4 quantizers and their Pallas kernels."""
+def test_every_quantizer_checks_rounding_arguments_alike(bad, error, match):
+  """One check (``rounding.check_rounding_and_key``, once written four times) behind
+  the element cast, the MX and NVFP4 quantizers and their Pallas kernels; a rounding
+  name is refused (parsed only where flags are read)."""
   x = jnp.ones((8, 64), jnp.float32)
   entry_points = [
       lambda **kw: numerics.cast(x, "e4m3", **kw),
@@ -161,5 +162,20 @@ def test_every_quantizer_checks_rounding_arguments_alike(bad, match):
       lambda **kw: kernels.nvfp4_quantize(x, **kw),
   ]
   for fn in entry_points:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
       fn(**bad)
+
+
+def test_kernels_refuse_a_generator_they_do_not_draw():
+  """The Pallas kernels draw the hash generator's words in the kernel: a Stochastic
+  rounding with another generator is refused at their entry points (before, they had
+  no generator argument and the jnp fallback drew hash words too)."""
+  x = jnp.ones((8, 64), jnp.float32)
+  sr = dict(rounding=Stochastic(rng="threefry"), key=jax.random.key(0))
+  for fn in (kernels.mx_quantize, kernels.mx_quantize_dequantize):
+    with pytest.raises(ValueError, match="'hash' generator"):
+      fn(x, "e4m3", **sr)
+  for fn in (kernels.nvfp4_quantize, kernels.nvfp4_quantize_dequantize,
+             kernels.nvfp4_quantize_dequantize_blocks):
+    with pytest.raises(ValueError, match="'hash' generator"):
+      fn(x, **sr)

@@ -13,6 +13,7 @@ import pytest
 
 from lowprec.numerics import codebooks
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import Stochastic, TowardZero
 from tests.numerics import codebook_reference as ref
 
 F32 = np.float32
@@ -114,7 +115,7 @@ def test_stochastic_threshold_is_exact_in_the_top_24_bits():
   j = int(np.ceil(np.float64(frac) * 2 ** 24))  # words with (w >> 8) < j round up
   words = np.array([(j - 1) << 8, ((j - 1) << 8) | 0xFF, j << 8, 0, 0xFFFFFFFF],
                    np.uint32)
-  got = codebooks.encode(jnp.full(5, x), "dynamic4", rounding="stochastic",
+  got = codebooks.encode(jnp.full(5, x), "dynamic4", rounding=Stochastic(),
                          words=jnp.asarray(words))
   np.testing.assert_array_equal(np.asarray(got), [10, 10, 9, 10, 9])
 
@@ -124,7 +125,7 @@ def test_stochastic_levels_fixed_and_one_step(name):
   lv = codebooks.get(name).levels_array
   rand = np.random.default_rng(2).uniform(lv[0], 1.0, 4096 - lv.size).astype(F32)
   x = np.concatenate([lv, rand])
-  sr = np.asarray(codebooks.encode(jnp.asarray(x), name, rounding="stochastic",
+  sr = np.asarray(codebooks.encode(jnp.asarray(x), name, rounding=Stochastic(),
                                    words=_words(1, x.shape))).astype(int)
   np.testing.assert_array_equal(sr[:lv.size], np.arange(lv.size))  # levels never move
   below = np.searchsorted(lv, x, side="right") - 1
@@ -138,7 +139,7 @@ def test_stochastic_midpoint_is_fair():
   lv = codebooks.get("nf4").levels_array
   x = F32((np.float64(lv[8]) + lv[9]) / 2)
   n = 4096 * 5
-  codes = np.asarray(codebooks.encode(jnp.full(n, x), "nf4", rounding="stochastic",
+  codes = np.asarray(codebooks.encode(jnp.full(n, x), "nf4", rounding=Stochastic(),
                                       words=_words(7, (n,))))
   assert set(np.unique(codes)) <= {8, 9}
   k = np.count_nonzero(codes == 9)
@@ -148,10 +149,10 @@ def test_stochastic_midpoint_is_fair():
 def test_encode_argument_errors():
   x = jnp.zeros(4)
   with pytest.raises(ValueError, match="words"):
-    codebooks.encode(x, "nf4", rounding="stochastic")
+    codebooks.encode(x, "nf4", rounding=Stochastic())
   with pytest.raises(ValueError, match="only used"):
     codebooks.encode(x, "nf4", words=jnp.zeros(4, jnp.uint32))
   with pytest.raises(ValueError, match="rounding"):
-    codebooks.encode(x, "nf4", rounding="toward_zero")
+    codebooks.encode(x, "nf4", rounding=TowardZero())
   with pytest.raises(ValueError, match="blocks"):
     codebooks.quantize_blocks(jnp.zeros(8), "nf4")

@@ -16,6 +16,7 @@ from lowprec.numerics import export as ex
 from lowprec.numerics import formats
 from lowprec.numerics.quantizer import QuantSpec, quantize_dequantize
 from lowprec.numerics.rl import sampler_copy
+from lowprec.numerics.rounding import Nearest, Stochastic, TowardZero
 
 BF16 = ex.ExportSpec("bf16")
 MXFP8 = QuantSpec("e4m3", block_shape=32, axis=0)
@@ -42,9 +43,9 @@ def random_master(seed, shape, lo=-20, hi=10):
 
 
 def test_spec_is_hashable_and_a_static_jit_argument():
-  a = ex.ExportSpec("bf16", "error_feedback")
-  assert a == ex.ExportSpec("bf16", "error_feedback") and hash(a) == hash(
-      ex.ExportSpec("bf16", "error_feedback"))
+  a = ex.ExportSpec("bf16", ex.ErrorFeedback())
+  assert a == ex.ExportSpec("bf16", ex.ErrorFeedback()) and hash(a) == hash(
+      ex.ExportSpec("bf16", ex.ErrorFeedback()))
   assert hash(ex.ExportSpec(MXFP8)) == hash(ex.ExportSpec(MXFP8))
   assert ex.ExportSpec(formats.get("fp16")).target == "fp16"
   f = jax.jit(lambda x, spec: nearest(x, spec), static_argnames="spec")
@@ -63,7 +64,11 @@ def test_served_dtype(target, dtype):
 
 def test_bad_specs_raise():
   with pytest.raises(ValueError, match="nearest, stochastic, error_feedback"):
-    ex.ExportSpec("bf16", "toward_zero")
+    ex.parse_rounding("toward_zero")
+  with pytest.raises(ValueError, match="ErrorFeedback"):
+    ex.ExportSpec("bf16", TowardZero())
+  with pytest.raises(TypeError, match="parse_rounding"):
+    ex.ExportSpec("bf16", "error_feedback")
   with pytest.raises(ValueError, match="known formats: .*bf16"):
     ex.ExportSpec("bfloat17")
   with pytest.raises(ValueError, match="QuantSpec"):
@@ -71,11 +76,11 @@ def test_bad_specs_raise():
   with pytest.raises(ValueError, match="scale format"):
     ex.ExportSpec("e8m0")
   with pytest.raises(ValueError, match="rng"):
-    ex.ExportSpec("bf16", rng="mersenne")
+    ex.ExportSpec("bf16", Stochastic(rng="mersenne"))
   with pytest.raises(TypeError, match="target"):
     ex.ExportSpec(16)
   with pytest.raises(ValueError, match="conflicts"):
-    ex.ExportSpec(QuantSpec("e4m3", block_shape=32, rounding="stochastic"), "nearest")
+    ex.ExportSpec(QuantSpec("e4m3", block_shape=32, rounding=Stochastic()), Nearest())
 
 
 # ------------------------------------------------------------------------ nearest
@@ -105,8 +110,8 @@ def test_nearest_mxfp8_equals_quantize_dequantize():
 def test_non_float_leaves_pass_through_and_structure_is_kept():
   master = {"layers": [jnp.float32(0.1), (jnp.ones(2), jnp.int32(7))],
             "mask": jnp.array([True, False]), "count": jnp.arange(3, dtype=jnp.int8)}
-  for spec in (BF16, ex.ExportSpec("bf16", "error_feedback"),
-               ex.ExportSpec("bf16", "stochastic")):
+  for spec in (BF16, ex.ExportSpec("bf16", ex.ErrorFeedback()),
+               ex.ExportSpec("bf16", Stochastic())):
     served, _ = ex.export(master, spec, ex.init_export_state(master, spec),
                           key=jax.random.key(0))
     chex.assert_trees_all_equal_structs(served, master)
@@ -120,11 +125,11 @@ def test_bad_inputs_raise():
     ex.export({"w": jnp.ones(2, jnp.float16)}, BF16, ex.ExportState(None, jnp.int32(0)))
   with pytest.raises(TypeError, match="float32"):
     ex.init_export_state({"w": jnp.ones(2, jnp.bfloat16)},
-                         ex.ExportSpec("bf16", "error_feedback"))
-  sr = ex.ExportSpec("bf16", "stochastic")
+                         ex.ExportSpec("bf16", ex.ErrorFeedback()))
+  sr = ex.ExportSpec("bf16", Stochastic())
   with pytest.raises(ValueError, match="PRNG key"):
     ex.export(jnp.ones(2), sr, ex.init_export_state(jnp.ones(2), sr))
-  ef = ex.ExportSpec("bf16", "error_feedback")
+  ef = ex.ExportSpec("bf16", ex.ErrorFeedback())
   with pytest.raises(ValueError, match="init_export_state"):
     ex.export(jnp.ones(2), ef, ex.init_export_state(jnp.ones(2), BF16))
   with pytest.raises(ValueError, match="structure"):
@@ -162,7 +167,7 @@ def test_stochastic_is_unbiased(target, man_bits):
   p = 19661 / 65536
   x = np.float32(1.0 + p * ulp)
   assert float(x) == 1.0 + p * ulp  # exact in float32
-  spec = ex.ExportSpec(target, "stochastic")
+  spec = ex.ExportSpec(target, Stochastic())
   master = {"w": jnp.full((128, 128), x)}
   state = ex.init_export_state(master, spec)
   draws = []
@@ -176,7 +181,7 @@ def test_stochastic_is_unbiased(target, man_bits):
 
 
 def test_stochastic_differs_between_steps_and_reproduces():
-  spec = ex.ExportSpec("bf16", "stochastic")
+  spec = ex.ExportSpec("bf16", Stochastic())
   master = {"a": jnp.asarray(random_master(4, (32, 32), -6, 2)),
             "b": jnp.asarray(random_master(4, (32, 32), -6, 2))}
   s0 = ex.init_export_state(master, spec)
@@ -241,7 +246,7 @@ def test_error_feedback_tracks_tiny_updates_nearest_does_not():
     masters.append((masters[-1] + dw).astype(np.float32))
   masters = np.stack(masters)
   near, _, _ = run_exports(masters, BF16)
-  ef, res, state = run_exports(masters, ex.ExportSpec("bf16", "error_feedback"))
+  ef, res, state = run_exports(masters, ex.ExportSpec("bf16", ex.ErrorFeedback()))
   np.testing.assert_array_equal(near, np.broadcast_to(
       w0.astype(ml_dtypes.bfloat16).astype(np.float32), near.shape))
   ref_served, ref_res = ef_reference(masters)
@@ -278,7 +283,7 @@ def test_nearest_moves_only_at_the_hand_computed_midpoint_crossings():
 
 
 def test_error_feedback_state_is_a_checkpointable_pytree():
-  spec = ex.ExportSpec("bf16", "error_feedback")
+  spec = ex.ExportSpec("bf16", ex.ErrorFeedback())
   master = {"w": jnp.full((3,), 1.001, jnp.float32), "n": jnp.int32(2)}
   state = ex.init_export_state(master, spec)
   assert isinstance(state, ex.ExportState)
@@ -296,7 +301,7 @@ def test_error_feedback_state_is_a_checkpointable_pytree():
 
 def test_error_feedback_state_round_trips_through_orbax(tmp_path):
   ocp = pytest.importorskip("orbax.checkpoint")
-  spec = ex.ExportSpec("bf16", "error_feedback")
+  spec = ex.ExportSpec("bf16", ex.ErrorFeedback())
   master = {"w": jnp.linspace(0.5, 2.0, 8, dtype=jnp.float32), "n": jnp.int32(2)}
   _, state = ex.export(master, spec, ex.init_export_state(master, spec))
   ckpt = ocp.StandardCheckpointer()
@@ -309,7 +314,7 @@ def test_error_feedback_state_round_trips_through_orbax(tmp_path):
 
 
 def test_error_feedback_with_mxfp8_runs_and_conserves_the_sum():
-  spec = ex.ExportSpec(MXFP8, "error_feedback")
+  spec = ex.ExportSpec(MXFP8, ex.ErrorFeedback())
   w = jnp.asarray(random_master(7, (64, 16), -6, 0))
   master = {"k": w}
   state = ex.init_export_state(master, spec)
@@ -333,7 +338,7 @@ def test_error_feedback_with_mxfp8_runs_and_conserves_the_sum():
 
 
 def test_error_feedback_resets_non_finite_residuals():
-  spec = ex.ExportSpec("bf16", "error_feedback")
+  spec = ex.ExportSpec("bf16", ex.ErrorFeedback())
   master = jnp.array([np.nan, np.inf, 1.0], jnp.float32)
   served, state = ex.export(master, spec, ex.init_export_state(master, spec))
   assert np.isnan(served[0]) and served[1] == np.inf

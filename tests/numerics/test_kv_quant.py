@@ -11,6 +11,7 @@ import pytest
 
 from lowprec.numerics import kv_quant
 from lowprec.numerics.kv_quant import KVQuantSpec
+from lowprec.numerics.rounding import Stochastic, TowardZero
 from tests.numerics import format_values
 from tests.numerics import mx_reference
 
@@ -182,8 +183,8 @@ def test_nvfp4_codes_are_packed_two_a_byte():
 
 
 @pytest.mark.parametrize("spec,scale", [
-    (KVQuantSpec("int8", "tensor", rounding="stochastic"), 0.25),
-    (KVQuantSpec("e4m3", "head", rounding="stochastic"), None),
+    (KVQuantSpec("int8", "tensor", rounding=Stochastic()), 0.25),
+    (KVQuantSpec("e4m3", "head", rounding=Stochastic()), None),
 ])
 def test_stochastic_rounding_is_unbiased_between_neighbours(spec, scale):
   rng = np.random.default_rng(3)
@@ -211,8 +212,9 @@ def test_stochastic_rounding_is_unbiased_between_neighbours(spec, scale):
     dict(fmt="e4m3", granularity="token", block_size=16),
     dict(fmt="e4m3", granularity="head", scale_rule="floor"),
     dict(fmt="nvfp4", granularity="block", block_size=32),
-    dict(fmt="fp32", rounding="stochastic"), dict(fmt="bf16", rand_bits=8),
-    dict(fmt="e4m3", granularity="token", rounding="toward_zero"),
+    dict(fmt="fp32", rounding=Stochastic()),
+    dict(fmt="fp32", rounding=Stochastic(bits=8)),
+    dict(fmt="e4m3", granularity="token", rounding=TowardZero()),
     dict(fmt="int8", granularity="block", block_size=0),
 ])
 def test_conflicting_or_unknown_options_raise(kwargs):
@@ -231,7 +233,8 @@ def test_init_and_write_validation():
     kv_quant.init(KVQuantSpec("e4m3", "block"), (1, 2, 3, 16))
   with pytest.raises(ValueError, match="divisible"):
     kv_quant.init(KVQuantSpec("nvfp4", "block"), (1, 2, 3, 8))
-  cache = kv_quant.init(KVQuantSpec("e4m3", "token", rounding="stochastic"), (1, 2, 3, 32))
+  cache = kv_quant.init(KVQuantSpec("e4m3", "token", rounding=Stochastic()),
+                        (1, 2, 3, 32))
   with pytest.raises(ValueError, match="key"):
     kv_quant.write(cache, jnp.zeros((1, 2, 1, 32)), 0)
   with pytest.raises(ValueError, match=r"\[B=1"):

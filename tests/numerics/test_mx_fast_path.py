@@ -28,6 +28,7 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import formats
 from lowprec.numerics import mx_fast
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import parse
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
 
@@ -134,17 +135,16 @@ def _all_rules(x, key, *, name, axes, blocks, fast):
   for rule in RULES:
     for rounding, rand_bits in ROUNDINGS:
       w = words if rounding == "stochastic" else None
+      r = parse(rounding, bits=rand_bits)
       if fast:
-        codes, scales = mx_fast.quantize(x, f, axes, blocks, rule, rounding, w,
-                                         rand_bits, dequantize=False)
-        deq = mx_fast.quantize(x, f, axes, blocks, rule, rounding,
-                               (lambda: words) if w is not None else None, rand_bits,
+        codes, scales = mx_fast.quantize(x, f, axes, blocks, rule, r, w,
+                                         dequantize=False)
+        deq = mx_fast.quantize(x, f, axes, blocks, rule, r,
+                               (lambda: words) if w is not None else None,
                                dequantize=True)
       else:
-        codes, scales = blockscale.mx_quantize_core(x, f, axes, blocks, rule, rounding,
-                                                    w, rand_bits)
-        deq = blockscale.mx_quantize_dequantize_core(x, f, axes, blocks, rule,
-                                                     rounding, w, rand_bits)
+        codes, scales = blockscale.mx_quantize_core(x, f, axes, blocks, rule, r, w)
+        deq = blockscale.mx_quantize_dequantize_core(x, f, axes, blocks, rule, r, w)
       out[f"{rule}/{rounding}/{rand_bits}"] = (codes, scales, deq)
   return out
 
@@ -208,9 +208,9 @@ def test_fast_path_equals_integer_cores_on_arbitrary_floats(name, values, seed):
 
 
 def _public(x, name, rule, rounding, rand_bits, key, axis):
-  kw = dict(scale_rule=rule, rounding=rounding, axis=axis)
+  kw = dict(scale_rule=rule, rounding=parse(rounding, bits=rand_bits), axis=axis)
   if rounding == "stochastic":
-    kw.update(key=key, rand_bits=rand_bits)
+    kw.update(key=key)
   q = numerics.quantize_mx(jnp.asarray(x), name, **kw)
   return q, blockscale.quantize_dequantize_mx(jnp.asarray(x), name, **kw)
 
@@ -268,6 +268,6 @@ def test_round_to_grid_on_dense_neighbourhoods(name):
   f = formats.get(name)
   for rounding in ("nearest", "toward_zero"):
     got = np.asarray(jax.jit(mx_fast.round_to_grid, static_argnums=(1, 2))(
-        jnp.asarray(m), f, rounding))
+        jnp.asarray(m), f, parse(rounding)))
     want = ref.round_to_grid(m.astype(np.float64), name, rounding).astype(np.float32)
     _assert_equal(got, want, f"{name} {rounding}")

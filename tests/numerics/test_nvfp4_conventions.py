@@ -11,6 +11,7 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import kernels, outlier_data, quantizer
+from lowprec.numerics.rounding import Stochastic
 
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
@@ -53,7 +54,7 @@ def test_torchao_convention_matches_its_reference(wide):
 def test_torchao_convention_stochastic_rounding_matches_its_reference():
   x = _wide_rows(1)
   key = jax.random.key(3)
-  q = numerics.quantize_nvfp4(jnp.asarray(x), convention="torchao", rounding="stochastic",
+  q = numerics.quantize_nvfp4(jnp.asarray(x), convention="torchao", rounding=Stochastic(),
                               key=key)
   _, scales, _, deq = ref.quantize_nvfp4_torchao(x, rounding="stochastic",
                                                  words=hash_words_np(key, x.shape))

@@ -27,6 +27,7 @@ from lowprec.numerics import blockscale
 from lowprec.numerics import nvfp4_fast
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import Stochastic, parse
 from tests.numerics import hash_reference
 from tests.numerics import mx_reference as ref
 
@@ -140,25 +141,24 @@ def _special_tensor(seed: int, shape: tuple[int, ...], log2_gain: int) -> np.nda
   return flat.reshape(shape)
 
 
-@functools.partial(jax.jit, static_argnames=("axes", "blocks", "rounding", "rand_bits",
-                                             "fast"))
-def _run_path(x, key, *, axes, blocks, rounding, rand_bits, fast):
+@functools.partial(jax.jit, static_argnames=("axes", "blocks", "rounding", "fast"))
+def _run_path(x, key, *, axes, blocks, rounding, fast):
   """(codes, scale codes, 1/S_enc, dequantized) by the fast path or the reference."""
-  words = (random_bits.random_words(key, x.shape) if rounding == "stochastic" else None)
+  words = (random_bits.random_words(key, x.shape) if rounding.needs_key else None)
   if fast:
-    kw = dict(rounding=rounding, words=words, rand_bits=rand_bits)
+    kw = dict(rounding=rounding, words=words)
     codes, scales, inv = blockscale.nvfp4_te_fast(x, axes, blocks, dequantize=False, **kw)
     return codes, scales, inv, blockscale.nvfp4_te_fast(x, axes, blocks, dequantize=True,
                                                          **kw)
   s_enc, inv = blockscale.nvfp4_tensor_scale(x)
   codes, scales, values = blockscale.nvfp4_quantize_core(x, s_enc, axes, blocks,
-                                                         rounding, words, rand_bits)
+                                                         rounding, words)
   return codes, scales, inv, values * inv
 
 
 def _assert_fast_equals_reference(x, axes, blocks, rounding, rand_bits=None, seed=0):
   key = jax.random.key(seed) if rounding == "stochastic" else None
-  kw = dict(axes=axes, blocks=blocks, rounding=rounding, rand_bits=rand_bits)
+  kw = dict(axes=axes, blocks=blocks, rounding=parse(rounding, bits=rand_bits))
   fast = _run_path(jnp.asarray(x), key, fast=True, **kw)
   want = _run_path(jnp.asarray(x), key, fast=False, **kw)
   for name, a, b in zip(("codes", "scales", "1/S_enc", "dequantized"), fast, want):
@@ -200,7 +200,7 @@ def test_all_zero_tensor(rounding, block_shape):
   for x in (np.zeros((16, 32), np.float32), np.full((16, 32), -0.0, np.float32)):
     _assert_fast_equals_reference(x, axes, blocks, rounding)
     q = numerics.quantize_nvfp4(jnp.asarray(x), block_shape=block_shape,
-                                rounding=rounding,
+                                rounding=parse(rounding),
                                 key=jax.random.key(0) if rounding == "stochastic" else None)
     np.testing.assert_array_equal(np.asarray(q.scales), 0)
     assert float(q.tensor_scale) == 1.0
@@ -216,13 +216,13 @@ def test_stochastic_matches_numpy_reference(seed, log2_gain, rand_bits):
   words = hash_reference.hash_words_np(key, x.shape)
   codes, scales, inv, deq = ref.quantize_nvfp4(x, rounding="stochastic", words=words,
                                                rand_bits=rand_bits)
-  q = numerics.quantize_nvfp4(jnp.asarray(x), rounding="stochastic", key=key,
-                              rand_bits=rand_bits)
+  q = numerics.quantize_nvfp4(jnp.asarray(x), rounding=Stochastic(bits=rand_bits),
+                              key=key)
   np.testing.assert_array_equal(np.asarray(q.codes), codes)
   np.testing.assert_array_equal(np.asarray(q.scales), scales)
   assert _bits(q.tensor_scale) == _bits(inv)
-  fused = blockscale.quantize_dequantize_nvfp4(jnp.asarray(x), rounding="stochastic",
-                                               key=key, rand_bits=rand_bits)
+  fused = blockscale.quantize_dequantize_nvfp4(
+      jnp.asarray(x), rounding=Stochastic(bits=rand_bits), key=key)
   normal = (np.abs(deq) >= np.finfo(np.float32).tiny) | ~np.isfinite(deq) | (deq == 0)
   np.testing.assert_array_equal(_bits(fused)[normal], _bits(deq)[normal])
 
@@ -235,7 +235,7 @@ def test_stochastic_two_d_tiles_match_numpy_reference():
       ref.tiles_to_rows(x, 16, 16), rounding="stochastic",
       words=ref.tiles_to_rows(words, 16, 16), block=256)
   q = numerics.quantize_nvfp4(jnp.asarray(x), block_shape=(16, 16),
-                              rounding="stochastic", key=key)
+                              rounding=Stochastic(), key=key)
   np.testing.assert_array_equal(np.asarray(q.codes),
                                 ref.rows_to_tiles(codes, 32, 64, 16, 16))
   np.testing.assert_array_equal(np.asarray(q.scales), scales.reshape(2, 4))
@@ -297,7 +297,7 @@ def test_public_fused_path_equals_the_two_step_form_for_every_rounding(rounding,
   key = jax.random.key(3) if rounding == "stochastic" else None
   for log2_gain in (0, -125):
     x = jnp.asarray(_special_tensor(5, (16, 64), log2_gain))
-    kw = dict(rounding=rounding, key=key, convention=convention)
+    kw = dict(rounding=parse(rounding), key=key, convention=convention)
     fused = blockscale.quantize_dequantize_nvfp4(x, **kw)
     two_step = numerics.dequantize(numerics.quantize_nvfp4(x, **kw))
     np.testing.assert_array_equal(_bits(fused), _bits(two_step))

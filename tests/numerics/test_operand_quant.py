@@ -12,10 +12,11 @@ import pytest
 
 from lowprec.numerics import operand_quant as oq
 from lowprec.numerics import recipes
+from lowprec.numerics.rounding import Nearest, Stochastic
 
 # Every option of the earlier single class with its default, in its order.
 _OLD_DEFAULTS = dict(fmt=None, scaling="block", block_shape=None, scale_rule="floor",
-                     rounding="nearest", rand_bits=None, prescale=1.0, clip="none",
+                     rounding=Nearest(), prescale=1.0, clip="none",
                      macro_block=None, amax_history_len=1024, amax_compute_algo="max",
                      margin=0, convention="te", amax_axis_name=None)
 
@@ -30,8 +31,8 @@ def _builtin_operands():
     (dict(fmt="e4m3", scale_rule="rceil"), oq.MXQuant, oq.MXQuant("e4m3", scale_rule="rceil")),
     (dict(fmt="e2m1", block_shape=(32, 32), clip="rms"), oq.MXQuant,
      oq.MXQuant("e2m1", block_shape=(32, 32), clip="rms")),
-    (dict(fmt="nvfp4", rounding="stochastic"), oq.NVFP4Quant,
-     oq.NVFP4Quant(rounding="stochastic")),
+    (dict(fmt="nvfp4", rounding=Stochastic()), oq.NVFP4Quant,
+     oq.NVFP4Quant(rounding=Stochastic())),
     (dict(fmt="nvfp4", block_shape=16, convention="torchao"), oq.NVFP4Quant,
      oq.NVFP4Quant(convention="torchao")),
     (dict(fmt="e5m2", scaling="tensor", amax_axis_name="data"), oq.TensorQuant,
@@ -100,8 +101,8 @@ def test_each_mode_validates_its_own_options():
     oq.TensorQuant("nvfp4")
   with pytest.raises(ValueError, match="unknown format 'e9m9'"):
     oq.DelayedQuant("e9m9")
-  with pytest.raises(ValueError, match="rand_bits is used by rounding='stochastic' only"):
-    oq.TensorQuant("e4m3", rand_bits=8)
+  with pytest.raises(TypeError, match="rounding must be Nearest"):
+    oq.TensorQuant("e4m3", rounding="stochastic")
   with pytest.raises(ValueError, match="margin must be an int >= 0"):
     oq.DelayedQuant("e4m3", margin=-1)
 

@@ -24,6 +24,7 @@ from lowprec.numerics import operator_snr
 from lowprec.numerics import outlier_data
 from lowprec.numerics import qdot
 from lowprec.numerics import recipes
+from lowprec.numerics.rounding import Nearest, Stochastic, parse
 from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
@@ -73,7 +74,7 @@ def _keys(key, gemm):
 
 
 def _mx(x, fmt, key=None, **kw):
-  stochastic = dict(key=key) if kw.get("rounding") == "stochastic" else {}
+  stochastic = dict(key=key) if kw.get("rounding", Nearest()).needs_key else {}
   return numerics.dequantize(numerics.quantize_mx(x, fmt, pad=True, **stochastic, **kw))
 
 
@@ -108,7 +109,7 @@ def test_mxfp4_alto_by_hand(name):
   # dgrad: dO 1x32 along N (SR in mxfp4), the same quantized W.
   kd = _keys(key, 1)
   sr = name == "mxfp4"
-  gq = _mx(g, "e2m1", axis=-1, rounding="stochastic" if sr else "nearest",
+  gq = _mx(g, "e2m1", axis=-1, rounding=parse("stochastic" if sr else "nearest"),
            key=kd[1] if sr else None, **rule)
   chex.assert_trees_all_equal(dx, _mm(gq, wq.T))
   # wgrad: RHT (32, along tokens) on X and dO, then 1x32 blocks along tokens.
@@ -118,7 +119,7 @@ def test_mxfp4_alto_by_hand(name):
     xh = numerics.random_hadamard(x, key=kw[0], block_shape=32, axis=0)
     gh = numerics.random_hadamard(g, key=kw[0], block_shape=32, axis=0)
   xq = _mx(xh, "e2m1", axis=0, **rule)
-  gq2 = _mx(gh, "e2m1", axis=0, rounding="stochastic" if sr else "nearest",
+  gq2 = _mx(gh, "e2m1", axis=0, rounding=parse("stochastic" if sr else "nearest"),
             key=kw[2] if sr else None, **rule)
   chex.assert_trees_all_equal(dw, _mm(xq.T, gq2))
 
@@ -140,11 +141,11 @@ def test_nvfp4_by_hand():
   wq = nv(w, block_shape=(16, 16))
   _close(out, _mm32(nv(x, axis=-1), wq))
   kd = _keys(key, 1)
-  _close(dx, _mm32(nv(g, axis=-1, rounding="stochastic", key=kd[1]), wq.T))
+  _close(dx, _mm32(nv(g, axis=-1, rounding=Stochastic(), key=kd[1]), wq.T))
   kw = _keys(key, 2)
   xh = numerics.random_hadamard(x, key=kw[0], block_shape=16, axis=0)
   gh = numerics.random_hadamard(g, key=kw[0], block_shape=16, axis=0)
-  _close(dw, _mm32(nv(xh, axis=0).T, nv(gh, axis=0, rounding="stochastic", key=kw[2])))
+  _close(dw, _mm32(nv(xh, axis=0).T, nv(gh, axis=0, rounding=Stochastic(), key=kw[2])))
 
 
 def test_nvfp4_gemms_apply_the_tensor_scales_to_the_output():
@@ -170,7 +171,7 @@ def test_nvfp4_gemms_apply_the_tensor_scales_to_the_output():
   want = epilogue(xq, wq)
   np.testing.assert_array_equal(np.asarray(out), want)
   kd = _keys(key, 1)
-  gq = blocks(g, axis=-1, rounding="stochastic", key=kd[1])
+  gq = blocks(g, axis=-1, rounding=Stochastic(), key=kd[1])
   np.testing.assert_array_equal(np.asarray(dx), epilogue(gq, (wq[0].T, wq[1])))
   # The GEMM of the fully dequantized operands rounds each operand by its tensor scale
   # first: other bits on this data.

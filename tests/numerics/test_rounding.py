@@ -20,6 +20,7 @@ import pytest
 from lowprec import numerics
 from tests.numerics.format_values import all_values
 from lowprec.numerics import formats
+from lowprec.numerics.rounding import Stochastic, parse
 
 NAMES = formats.names()
 F32_MAX = float(np.finfo(np.float32).max)
@@ -30,7 +31,8 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 @functools.lru_cache(maxsize=None)
 def _jcast(name, rounding, saturate):
-  return jax.jit(lambda x: numerics.cast(x, name, rounding=rounding, saturate=saturate))
+  return jax.jit(lambda x: numerics.cast(x, name, rounding=parse(rounding),
+                                         saturate=saturate))
 
 
 def cast_np(x, name, rounding="nearest", saturate=False):
@@ -328,9 +330,9 @@ def test_integer_input_rejected(dtype):
 def test_argument_errors():
   x = jnp.ones((4,), jnp.float32)
   with pytest.raises(ValueError, match="rounding"):
-    numerics.cast(x, "e4m3", rounding="up")
+    numerics.cast(x, "e4m3", rounding=parse('up'))
   with pytest.raises(ValueError):
-    numerics.cast(x, "e4m3", rounding="stochastic")  # no key
+    numerics.cast(x, "e4m3", rounding=Stochastic())  # no key
   with pytest.raises(ValueError):
     numerics.cast(x, "nope")
   with pytest.raises(TypeError):
@@ -338,11 +340,11 @@ def test_argument_errors():
   key = jax.random.key(0)
   for bad in (0, 33, -1, 2.5, "4"):
     with pytest.raises(ValueError):
-      numerics.cast(x, "e4m3", rounding="stochastic", key=key, rand_bits=bad)
+      numerics.cast(x, "e4m3", rounding=Stochastic(bits=bad), key=key)
     with pytest.raises(ValueError):
       numerics.cast_with_words(x, "e4m3", jnp.zeros((4,), jnp.uint32), rand_bits=bad)
   with pytest.raises(ValueError):
-    numerics.cast(x, "e4m3", rounding="stochastic", key=key, rng="mersenne")
+    numerics.cast(x, "e4m3", rounding=Stochastic(rng="mersenne"), key=key)
   with pytest.raises(TypeError):
     numerics.cast_with_words(x, "e4m3", jnp.zeros((4,), jnp.int32))
   with pytest.raises(TypeError):
@@ -350,9 +352,9 @@ def test_argument_errors():
   with pytest.raises(TypeError):
     numerics.cast_with_words(x, "e4m3", jnp.zeros((4, 1), jnp.uint32))
   # valid edges are accepted
-  numerics.cast(x, "e4m3", rounding="stochastic", key=key, rand_bits=1)
-  numerics.cast(x, "e4m3", rounding="stochastic", key=key, rand_bits=32)
-  numerics.cast(x, "e4m3", rounding="stochastic", key=key, rand_bits=np.int32(8))
+  numerics.cast(x, "e4m3", rounding=Stochastic(bits=1), key=key)
+  numerics.cast(x, "e4m3", rounding=Stochastic(bits=32), key=key)
+  numerics.cast(x, "e4m3", rounding=Stochastic(bits=np.int32(8)), key=key)
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -365,7 +367,7 @@ def test_jit_eager_vmap_identical(name):
   xj = jnp.asarray(x)
   key = jax.random.key(42)
   for rounding in ("nearest", "toward_zero", "stochastic"):
-    kw = dict(rounding=rounding, saturate=False)
+    kw = dict(rounding=parse(rounding), saturate=False)
     if rounding == "stochastic":
       kw["key"] = key
     with jax.disable_jit():  # op by op, whatever jit decorators the library uses
@@ -378,9 +380,9 @@ def test_jit_eager_vmap_identical(name):
       vm = jax.jit(jax.vmap(lambda v: numerics.cast(v, name, **kw)))(xj)
       chex.assert_trees_all_equal(np.asarray(vm).view(np.uint32), eager.view(np.uint32))
   # stochastic under vmap: each row is cast as its own array (same key -> same words)
-  f = jax.jit(jax.vmap(lambda v: numerics.cast(v, name, rounding="stochastic", key=key)))
+  f = jax.jit(jax.vmap(lambda v: numerics.cast(v, name, rounding=Stochastic(), key=key)))
   vm = np.asarray(f(xj))
-  g = jax.jit(lambda v: numerics.cast(v, name, rounding="stochastic", key=key))
+  g = jax.jit(lambda v: numerics.cast(v, name, rounding=Stochastic(), key=key))
   rows = np.stack([np.asarray(g(jnp.asarray(r))) for r in x])
   chex.assert_trees_all_equal(vm.view(np.uint32), rows.view(np.uint32))
 
@@ -402,6 +404,6 @@ def test_scalar_and_shapes():
     np.testing.assert_array_equal(np.asarray(y), np.full(shape, 1.25, np.float32))
   y = _jcast("e2m1", "nearest", True)(jnp.zeros((0, 3), jnp.float32))
   chex.assert_shape(y, (0, 3))
-  y = jax.jit(lambda v: numerics.cast(v, "e2m1", rounding="stochastic",
+  y = jax.jit(lambda v: numerics.cast(v, "e2m1", rounding=Stochastic(),
                                       key=jax.random.key(0)))(jnp.zeros((0, 3)))
   chex.assert_shape(y, (0, 3))

@@ -34,6 +34,7 @@ import pytest
 
 from lowprec import numerics
 from lowprec.numerics import blockscale, kernels, qdot, quantizer, random_bits, recipes
+from lowprec.numerics.rounding import Stochastic
 
 from experiments.common.repo_paths import REPO_DIR
 
@@ -90,7 +91,7 @@ def test_stochastic_cast_draws_per_shard_words_equal_to_unsharded():
   rows-sharded result is the unsharded one bit for bit."""
   block = np.asarray(jax.random.normal(jax.random.key(0), (8, 64)))
   x = jnp.asarray(np.tile(block, (N_DEVICES, 1)))
-  cast = lambda v: numerics.cast(v, "e2m1", rounding="stochastic", key=KEY)
+  cast = lambda v: numerics.cast(v, "e2m1", rounding=Stochastic(), key=KEY)
   sharded = np.asarray(_shard_rows(cast)(x)).reshape(N_DEVICES, 8, 64)
   for i in range(1, N_DEVICES):
     assert not np.array_equal(sharded[0], sharded[i]), f"shard {i} repeats shard 0"
@@ -138,7 +139,7 @@ def test_stochastic_block_quantizers_sharded_equal_unsharded(name):
   """Rows sharded: every stochastic quantizer rounds as on the whole array; NVFP4
   with its tensor amax over the mesh axis."""
   x = jax.random.normal(jax.random.key(1), (N_DEVICES * 16, 64)) * 3
-  sr = dict(rounding="stochastic", key=KEY)
+  sr = dict(rounding=Stochastic(), key=KEY)
   f = {
       "quantize_mx": lambda v: numerics.quantize_mx(v, "e2m1", **sr).codes,
       "quantize_dequantize_mx": lambda v: blockscale.quantize_dequantize_mx(v, "e2m1",
@@ -188,7 +189,7 @@ def test_kernels_lower_inside_shard_map(platform):
   (kernels.implementation("pallas")), lowers for cuda and tpu inside shard_map (no
   device)."""
   with kernels.implementation("pallas"):
-    sr = dict(rounding="stochastic", key=KEY, use_kernel=True)
+    sr = dict(rounding=Stochastic(), key=KEY, use_kernel=True)
     x = jax.ShapeDtypeStruct((N_DEVICES * 64, 256), jnp.float32)
     calls = [lambda v: kernels.mx_quantize(v, **sr).codes,
              lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=-2, **sr),

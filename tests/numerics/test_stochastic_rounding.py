@@ -34,6 +34,7 @@ from lowprec import numerics
 from tests.numerics.format_values import all_values
 from lowprec.numerics import formats
 from lowprec.numerics import random_bits
+from lowprec.numerics.rounding import Stochastic
 
 NAMES = formats.names()
 ALPHA = 4e-8  # per-check false-failure probability (about a 5.5 sigma two-sided bound)
@@ -158,9 +159,8 @@ def _jcast_words(name, rand_bits, saturate):
 
 @functools.lru_cache(maxsize=None)
 def _jcast_sr(name, rng, rand_bits=None, saturate=True):
-  return jax.jit(lambda x, key: numerics.cast(x, name, rounding="stochastic", key=key,
-                                              rng=rng, rand_bits=rand_bits,
-                                              saturate=saturate))
+  return jax.jit(lambda x, key: numerics.cast(
+      x, name, rounding=Stochastic(bits=rand_bits, rng=rng), key=key, saturate=saturate))
 
 
 # ----------------------------------------------------------------------------- (1) neighbours
@@ -207,7 +207,7 @@ def test_grid_points_never_move(name):
 
 def test_sign_and_zero():
   x = jnp.asarray(np.array([-1e-30, 1e-30, -0.0, 0.0], np.float32))
-  y = np.asarray(numerics.cast(x, "e4m3", rounding="stochastic", key=jax.random.key(0)))
+  y = np.asarray(numerics.cast(x, "e4m3", rounding=Stochastic(), key=jax.random.key(0)))
   assert_same_bits(y, np.array([-0.0, 0.0, -0.0, 0.0], np.float32))
   y = np.asarray(numerics.cast_with_words(x, "e4m3", jnp.full((4,), 0xFFFFFFFF,
                                                               jnp.uint32)))
@@ -392,8 +392,8 @@ def test_same_key_same_bits_different_keys_differ(rng):
   for u, v in [(a, c), (a, d), (d, e), (c, e)]:
     assert np.any(u != v)
   # eager equals jit
-  eager = np.asarray(numerics.cast(jnp.asarray(x), "e4m3", rounding="stochastic",
-                                   key=jax.random.key(1), rng=rng))
+  eager = np.asarray(numerics.cast(jnp.asarray(x), "e4m3", rounding=Stochastic(rng=rng),
+                                   key=jax.random.key(1)))
   np.testing.assert_array_equal(eager.view(np.uint32), a.view(np.uint32))
 
 
@@ -413,31 +413,31 @@ def test_hash_generator_indexes_row_major_positions():
   s0, s1 = random_bits.key_to_seeds(key)
   rng = np.random.default_rng(0)
   x = rng.standard_normal((8, 96)).astype(np.float32)
-  y = np.asarray(numerics.cast(jnp.asarray(x), "e2m1", rounding="stochastic", key=key))
+  y = np.asarray(numerics.cast(jnp.asarray(x), "e2m1", rounding=Stochastic(), key=key))
   idx = jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape)
   w = random_bits.hash_words(idx, s0, s1)
   np.testing.assert_array_equal(np.asarray(numerics.cast_with_words(jnp.asarray(x),
                                                                     "e2m1", w)), y)
   # reshape-invariant (same row-major index)
   y_flat = np.asarray(numerics.cast(jnp.asarray(x.reshape(-1)), "e2m1",
-                                    rounding="stochastic", key=key))
+                                    rounding=Stochastic(), key=key))
   np.testing.assert_array_equal(y_flat.reshape(x.shape), y)
   # concatenation: the second part sees indices offset by the first part's size
   a, b = x[:3].reshape(-1), x[3:].reshape(-1)
   cat = np.asarray(numerics.cast(jnp.asarray(np.concatenate([a, b])), "e2m1",
-                                 rounding="stochastic", key=key))
+                                 rounding=Stochastic(), key=key))
   np.testing.assert_array_equal(cat, y.reshape(-1))
   wb = random_bits.hash_words(jnp.arange(a.size, x.size, dtype=jnp.uint32), s0, s1)
   np.testing.assert_array_equal(
       np.asarray(numerics.cast_with_words(jnp.asarray(b), "e2m1", wb)), cat[a.size:])
   # casting the part alone re-uses indices from 0: different draws (not tiling-invariant)
-  alone = np.asarray(numerics.cast(jnp.asarray(b), "e2m1", rounding="stochastic",
+  alone = np.asarray(numerics.cast(jnp.asarray(b), "e2m1", rounding=Stochastic(),
                                    key=key))
   w0 = random_bits.hash_words(jnp.arange(b.size, dtype=jnp.uint32), s0, s1)
   np.testing.assert_array_equal(
       np.asarray(numerics.cast_with_words(jnp.asarray(b), "e2m1", w0)), alone)
   # transposing changes positions, hence the draws (equal by chance: ~0, see header)
-  yt = np.asarray(numerics.cast(jnp.asarray(x.T), "e2m1", rounding="stochastic",
+  yt = np.asarray(numerics.cast(jnp.asarray(x.T), "e2m1", rounding=Stochastic(),
                                 key=key))
   assert np.any(yt.T != y)
 
@@ -445,7 +445,7 @@ def test_hash_generator_indexes_row_major_positions():
 def test_threefry_uses_jax_random_bits():
   key = jax.random.key(8)
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32))
-  y = numerics.cast(x, "e4m3", rounding="stochastic", key=key, rng="threefry")
+  y = numerics.cast(x, "e4m3", rounding=Stochastic(rng="threefry"), key=key)
   w = jax.random.bits(key, x.shape, jnp.uint32)
   chex.assert_trees_all_equal(y, numerics.cast_with_words(x, "e4m3", w))
 
@@ -518,9 +518,9 @@ def test_half_precision_inputs_stochastic():
   key = jax.random.key(3)
   for dt in (jnp.bfloat16, jnp.float16):
     x = jnp.linspace(-8, 8, 1024, dtype=jnp.float32).astype(dt)
-    y = numerics.cast(x, "e2m1", rounding="stochastic", key=key)
+    y = numerics.cast(x, "e2m1", rounding=Stochastic(), key=key)
     assert y.dtype == dt
-    y32 = numerics.cast(x.astype(jnp.float32), "e2m1", rounding="stochastic", key=key)
+    y32 = numerics.cast(x.astype(jnp.float32), "e2m1", rounding=Stochastic(), key=key)
     chex.assert_trees_all_equal(np.asarray(y.astype(jnp.float32)), np.asarray(y32))
   with pytest.raises(TypeError):
-    numerics.cast(jnp.ones(4, jnp.bfloat16), "fp16", rounding="stochastic", key=key)
+    numerics.cast(jnp.ones(4, jnp.bfloat16), "fp16", rounding=Stochastic(), key=key)

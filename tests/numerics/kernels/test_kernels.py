@@ -29,6 +29,7 @@ from lowprec.numerics import quantizer
 from lowprec.numerics.kernels import dispatch
 from lowprec.numerics.kernels import block_matmul
 from lowprec.numerics.kernels import mx_quantizers
+from lowprec.numerics.rounding import Stochastic, parse
 from tests.numerics import mx_reference as ref
 from tests.numerics.hash_reference import hash_words_np
 
@@ -44,8 +45,10 @@ RAND_BITS = dict(e3m2=10, e2m1=3, int8=5)  # None (all 32 bits) for the others
 
 
 def _sr(rounding, key, rand_bits=None):
-  """Stochastic rounding's arguments, given only when the rounding uses them."""
-  return dict(key=key, rand_bits=rand_bits) if rounding == "stochastic" else {}
+  """The rounding named ``rounding``, and its key only when it uses one."""
+  if rounding != "stochastic":
+    return dict(rounding=parse(rounding))
+  return dict(rounding=parse(rounding, bits=rand_bits), key=key)
 
 def mode(variant):
   if COMPILED:
@@ -93,16 +96,14 @@ def test_mx_quantize_matches_numpy_reference(fmt, rounding, variant):
   x = _data((40, 192), seed=1)  # GPU tiles 16 x 64: 3 x 3 tiles, ragged rows
   key = jax.random.key(2)
   rule, rbits = RULES[fmt], RAND_BITS.get(fmt)
-  got = kernels.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding,
-                            **_sr(rounding, key, rbits), tile=tile(variant, (16, 64), (32, 192)),
-                            **mode(variant))
+  got = kernels.mx_quantize(x, fmt, scale_rule=rule, **_sr(rounding, key, rbits),
+                            tile=tile(variant, (16, 64), (32, 192)), **mode(variant))
   words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, _ = ref.quantize_mx(np.asarray(x), fmt, rule, rounding=rounding,
                                      words=words, rand_bits=rbits)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
   np.testing.assert_array_equal(np.asarray(got.scales), scales)
-  want = numerics.quantize_mx(x, fmt, scale_rule=rule, rounding=rounding,
-                              **_sr(rounding, key, rbits))
+  want = numerics.quantize_mx(x, fmt, scale_rule=rule, **_sr(rounding, key, rbits))
   chex.assert_trees_all_equal(got, want)
 
 
@@ -114,7 +115,7 @@ def test_mx_quantize_tiling_invariant_and_padded():
                                      "alto", rounding="stochastic", words=words)
   tiles = [None] if COMPILED else [(8, 32), (64, 128)]
   for t in tiles:
-    got = kernels.mx_quantize(x, "e2m1", scale_rule="alto", rounding="stochastic",
+    got = kernels.mx_quantize(x, "e2m1", scale_rule="alto", rounding=Stochastic(),
                               key=key, pad=True, tile=t, **mode(dispatch.GPU))
     np.testing.assert_array_equal(np.asarray(got.codes), codes)
     np.testing.assert_array_equal(np.asarray(got.scales), scales)
@@ -147,7 +148,7 @@ def test_mx_quantize_dequantize_matches_numpy_reference(fmt, axis, rounding, sha
   rule, rbits = RULES[fmt], RAND_BITS.get(fmt)
   gpu_tile = (16, 32) if axis == -1 else (32, 16)
   got = kernels.mx_quantize_dequantize(x, fmt, axis=axis, scale_rule=rule,
-                                       rounding=rounding, **_sr(rounding, key, rbits),
+                                       **_sr(rounding, key, rbits),
                                        tile=tile(variant, gpu_tile, (32, shape[-1])),
                                        **mode(variant))
   words = hash_words_np(key, shape) if rounding == "stochastic" else None
@@ -155,7 +156,7 @@ def test_mx_quantize_dequantize_matches_numpy_reference(fmt, axis, rounding, sha
                               words=words, rand_bits=rbits)
   _assert_same_floats(got, deq)
   want = blockscale.quantize_dequantize_mx(x, fmt, axis=axis, scale_rule=rule,
-                                           rounding=rounding, **_sr(rounding, key, rbits))
+                                           **_sr(rounding, key, rbits))
   _assert_same_floats(got, want)
 
 
@@ -180,15 +181,14 @@ def test_nvfp4_quantize_matches_numpy_reference(rounding, variant):
     pytest.skip("TPU tiling: one case suffices")
   x = _data((40, 96), seed=8)
   key = jax.random.key(9)
-  got = kernels.nvfp4_quantize(x, rounding=rounding, **_sr(rounding, key),
+  got = kernels.nvfp4_quantize(x, **_sr(rounding, key),
                                tile=tile(variant, (16, 32), (32, 96)), **mode(variant))
   words = hash_words_np(key, x.shape) if rounding == "stochastic" else None
   codes, scales, inv, _ = ref.quantize_nvfp4(np.asarray(x), rounding=rounding, words=words)
   np.testing.assert_array_equal(np.asarray(got.codes), codes)
   np.testing.assert_array_equal(np.asarray(got.scales), scales)
   _assert_same_floats(got.tensor_scale, inv)
-  chex.assert_trees_all_equal(got, numerics.quantize_nvfp4(x, rounding=rounding,
-                                                           **_sr(rounding, key)))
+  chex.assert_trees_all_equal(got, numerics.quantize_nvfp4(x, **_sr(rounding, key)))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -200,15 +200,14 @@ def test_nvfp4_quantize_dequantize_matches_numpy_reference(axis, rounding, shape
   x = _data(shape, seed=10)
   key = jax.random.key(11)
   gpu_tile = (16, 32) if axis == -1 else (32, 16)
-  got = kernels.nvfp4_quantize_dequantize(x, axis=axis, rounding=rounding,
-                                          **_sr(rounding, key),
+  got = kernels.nvfp4_quantize_dequantize(x, axis=axis, **_sr(rounding, key),
                                           tile=tile(variant, gpu_tile, (32, shape[-1])),
                                           **mode(variant))
   words = hash_words_np(key, shape) if rounding == "stochastic" else None
   _, _, _, deq = ref.quantize_nvfp4(np.asarray(x), axis=axis, rounding=rounding,
                                     words=words)
   _assert_same_floats(got, deq)
-  want = numerics.dequantize(numerics.quantize_nvfp4(x, axis=axis, rounding=rounding,
+  want = numerics.dequantize(numerics.quantize_nvfp4(x, axis=axis,
                                                      **_sr(rounding, key)))
   _assert_same_floats(got, want)
 
@@ -224,7 +223,7 @@ def test_nvfp4_quantize_dequantize_blocks_matches_numpy_reference(axis, rounding
   key = jax.random.key(13)
   gpu_tile = (16, 32) if axis == -1 else (32, 16)
   values, inv = kernels.nvfp4_quantize_dequantize_blocks(
-      x, axis=axis, rounding=rounding, **_sr(rounding, key),
+      x, axis=axis, **_sr(rounding, key),
       tile=tile(variant, gpu_tile, (32, shape[-1])), **mode(variant))
   words = hash_words_np(key, shape) if rounding == "stochastic" else None
   codes, scales, want_inv, deq = ref.quantize_nvfp4(np.asarray(x), axis=axis,
@@ -420,8 +419,8 @@ def test_kernel_eligibility():
   assert not kernels.kernel_eligible(spec("e4m3", 32, axis=0), 3)
   assert not kernels.kernel_eligible(spec("e4m3", 16, axis=-1), 2)
   assert not kernels.kernel_eligible(spec("e4m3", (32, 32), axis=(0, 1)), 2)
-  assert not kernels.kernel_eligible(spec("e4m3", 32, rounding="stochastic",
-                                          rng="threefry"), 2)
+  assert not kernels.kernel_eligible(spec("e4m3", 32,
+                                          rounding=Stochastic(rng="threefry")), 2)
   assert not kernels.kernel_eligible(spec("e4m3", scaling="none"), 2)  # a cast
   # torchao's NVFP4 convention has no kernel: it routes to the jnp path explicitly.
   assert not kernels.kernel_eligible(spec("nvfp4", 16, axis=-1, convention="torchao"), 2)
@@ -431,7 +430,7 @@ def test_input_errors():
   with pytest.raises(ValueError, match="pad=True"):
     kernels.mx_quantize(jnp.ones((4, 40)), "e4m3", interpret=True)
   with pytest.raises(ValueError, match="PRNG key"):
-    kernels.mx_quantize(jnp.ones((4, 64)), "e4m3", rounding="stochastic", interpret=True)
+    kernels.mx_quantize(jnp.ones((4, 64)), "e4m3", rounding=Stochastic(), interpret=True)
   with pytest.raises(ValueError, match="MX element format"):
     kernels.mx_quantize(jnp.ones((4, 64)), "bf16", interpret=True)
   with pytest.raises(ValueError, match="second-to-last"):

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from lowprec.numerics.optim import master_weights as mw
+from lowprec.numerics.rounding import Nearest, Stochastic, TowardZero
 
 F32 = np.float32
 BF16 = ml_dtypes.bfloat16
@@ -31,7 +32,7 @@ def test_nearest_equals_plain_apply_updates_and_float32_passes_through():
   p = {"w": _bf16(rng.standard_normal(256)), "f": jnp.asarray(rng.standard_normal(8), F32)}
   u = {"w": jnp.asarray(rng.standard_normal(256) * 1e-3, F32),
        "f": jnp.asarray(rng.standard_normal(8) * 1e-3, F32)}
-  tx = mw.bf16_master_weights("nearest")
+  tx = mw.bf16_master_weights(Nearest())
   got, state = _apply(tx, p, u, tx.init(p))
   want = optax.apply_updates(p, u)
   for k in p:
@@ -45,7 +46,7 @@ def test_apply_updates_lands_exactly_on_the_rounded_value_even_far_apart():
   # (float32 subnormal sums are left out: XLA:CPU flushes them to zero).
   p = _bf16([1e-30, -3e20, 1.0, 0.0, 7.5e-39, 2.0, -1e-35, 65504.0])
   u = jnp.asarray([1e3, 1.0, -3e-30, 1e-30, 1e10, -2.0, 5e-3, -1e-3], F32)
-  tx = mw.bf16_master_weights("kahan", compensation_dtype=jnp.float32)
+  tx = mw.bf16_master_weights(mw.Kahan(jnp.float32))
   got, _ = _apply(tx, p, u, tx.init(p))
   s = np.asarray(p, F32) + np.asarray(u)  # c = 0 at the first step
   np.testing.assert_array_equal(np.asarray(got, F32), s.astype(BF16).astype(F32))
@@ -56,7 +57,7 @@ def test_kahan_equals_numpy_reference(comp):
   rng = np.random.default_rng(1)
   p0 = rng.standard_normal(512).astype(F32).astype(BF16)
   us = (rng.standard_normal((30, 512)) * 1e-4).astype(F32)
-  tx = mw.bf16_master_weights("kahan", compensation_dtype=comp)
+  tx = mw.bf16_master_weights(mw.Kahan(comp))
   p, state = jnp.asarray(p0), tx.init(jnp.asarray(p0))
   step = jax.jit(lambda p, u, s: _apply(tx, p, u, s))
   rp, rc = p0.astype(F32), np.zeros(512, F32)
@@ -85,7 +86,7 @@ def test_stochastic_rounding_is_reproducible_neighbouring_and_unbiased():
   n = 16384
   p = jnp.ones(n, jnp.bfloat16)
   u = jnp.full(n, 2.0 ** -9, F32)
-  tx = mw.bf16_master_weights("stochastic", key=jax.random.key(0))
+  tx = mw.bf16_master_weights(Stochastic(), key=jax.random.key(0))
   got, state = _apply(tx, p, u, tx.init(p))
   again, _ = _apply(tx, p, u, tx.init(p))
   np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(again, F32))
@@ -97,25 +98,27 @@ def test_stochastic_rounding_is_reproducible_neighbouring_and_unbiased():
   got2, _ = _apply(tx, p, u, state)
   assert not np.array_equal(np.asarray(got2, F32), vals)
   # Nearest would never move: the update is below half an ulp.
-  tx_n = mw.bf16_master_weights("nearest")
+  tx_n = mw.bf16_master_weights(Nearest())
   assert np.all(np.asarray(_apply(tx_n, p, u, tx_n.init(p))[0], F32) == 1.0)
 
 
 def test_errors():
   p = {"w": jnp.ones(4, jnp.bfloat16)}
   with pytest.raises(ValueError, match="key"):
-    mw.bf16_master_weights("stochastic")
+    mw.bf16_master_weights(Stochastic())
   with pytest.raises(ValueError, match="key"):
-    mw.bf16_master_weights("kahan", key=0)
+    mw.bf16_master_weights(mw.Kahan(), key=0)
   with pytest.raises(ValueError, match="unknown rounding"):
-    mw.bf16_master_weights("toward_zero")
+    mw.parse_rounding("toward_zero")
+  with pytest.raises(ValueError, match="TowardZero"):
+    mw.bf16_master_weights(TowardZero())
+  with pytest.raises(TypeError, match="parse_rounding"):
+    mw.bf16_master_weights("kahan")
   with pytest.raises(ValueError, match="compensation_dtype"):
-    mw.bf16_master_weights("nearest", compensation_dtype=jnp.float32)
-  with pytest.raises(ValueError, match="compensation_dtype"):
-    mw.bf16_master_weights("kahan", compensation_dtype=jnp.float16)
-  with pytest.raises(ValueError, match="rand_bits"):
-    mw.bf16_master_weights("nearest", rand_bits=8)
-  tx = mw.bf16_master_weights("nearest")
+    mw.Kahan(jnp.float16)
+  assert mw.parse_rounding("kahan") == mw.Kahan(jnp.bfloat16)
+  assert mw.parse_rounding("stochastic", bits=8) == Stochastic(bits=8)
+  tx = mw.bf16_master_weights(Nearest())
   with pytest.raises(ValueError, match="params"):
     tx.update(p, tx.init(p))
   with pytest.raises(TypeError, match="int32"):

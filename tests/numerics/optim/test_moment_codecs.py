@@ -16,6 +16,7 @@ import pytest
 from lowprec.numerics import codebooks
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs as mc
+from lowprec.numerics.rounding import Nearest, Stochastic, TowardZero
 from tests.numerics import codebook_reference as ref
 from tests.numerics import mx_reference
 
@@ -163,9 +164,9 @@ def test_stored_bytes_by_hand(name, expected):
 
 
 @pytest.mark.parametrize("codec", [
-    mc.MomentCodec("scaled", "int8", 64, rounding="stochastic"),
-    mc.MomentCodec("codebook", "dynamic8", 64, rounding="stochastic"),
-    mc.MomentCodec("mx", "e4m3", 32, rounding="stochastic"),
+    mc.MomentCodec("scaled", "int8", 64, rounding=Stochastic()),
+    mc.MomentCodec("codebook", "dynamic8", 64, rounding=Stochastic()),
+    mc.MomentCodec("mx", "e4m3", 32, rounding=Stochastic()),
 ], ids=lambda c: c.kind)
 def test_stochastic_is_reproducible_and_within_one_step(codec):
   x = _x(6)
@@ -173,7 +174,7 @@ def test_stochastic_is_reproducible_and_within_one_step(codec):
   a = _roundtrip(codec, x, key)
   np.testing.assert_array_equal(a, _roundtrip(codec, x, key))
   assert not np.array_equal(a, _roundtrip(codec, x, jax.random.key(4)))
-  nearest = dataclasses.replace(codec, rounding="nearest")
+  nearest = dataclasses.replace(codec, rounding=Nearest())
   rn = _roundtrip(nearest, x)
   # SR lands on one of the two grid neighbours of x; RN on the nearer one.
   lo, hi = np.minimum(a, rn), np.maximum(a, rn)
@@ -183,7 +184,7 @@ def test_stochastic_is_reproducible_and_within_one_step(codec):
 def test_stochastic_linear_int8_is_unbiased():
   # 4096 copies of 0.5 quanta in blocks whose absmax is 127 quanta: P(up) = 1/2.
   # False-failure probability of |k/N - 1/2| > 5 sigma (normal approx.): 5.7e-7.
-  codec = mc.MomentCodec("scaled", "int8", 64, rounding="stochastic")
+  codec = mc.MomentCodec("scaled", "int8", 64, rounding=Stochastic())
   x = np.full((64, 64), 0.5, F32)
   x[:, 0] = 127.0
   got = _roundtrip(codec, x, jax.random.key(11))[:, 1:]
@@ -204,9 +205,11 @@ def test_codec_validation():
   with pytest.raises(ValueError, match="signed codec"):
     mc.MomentCodec("codebook", "linear4_unsigned", 64)
   with pytest.raises(ValueError, match="does not round"):
-    mc.MomentCodec(rounding="stochastic")
-  with pytest.raises(ValueError, match="rand_bits"):
-    mc.MomentCodec("scaled", "int8", 64, rand_bits=8)
+    mc.MomentCodec(rounding=Stochastic())
+  with pytest.raises(ValueError, match="24 random bits"):
+    mc.MomentCodec("codebook", "dynamic8", 64, rounding=Stochastic(bits=8))
+  with pytest.raises(ValueError, match="TowardZero"):
+    mc.MomentCodec("scaled", "int8", 64, rounding=TowardZero())
   with pytest.raises(ValueError, match="scale_rule"):
     mc.MomentCodec("scaled", "int8", 64, scale_rule="ceil")
   with pytest.raises(ValueError, match="no blocks"):
@@ -217,7 +220,7 @@ def test_codec_validation():
   with pytest.raises(ValueError, match="ignored"):
     codec.encode(jnp.ones(4), jax.random.key(0))
   with pytest.raises(ValueError, match="needs a key"):
-    dataclasses.replace(codec, rounding="stochastic").encode(jnp.ones(4))
+    dataclasses.replace(codec, rounding=Stochastic()).encode(jnp.ones(4))
   with pytest.raises(ValueError, match="stored this moment"):
     mc.MomentCodec("scaled", "int8", 32).decode(codec.encode(jnp.ones(4)))
   with pytest.raises(ValueError, match="unknown state format"):

@@ -14,6 +14,7 @@ import pytest
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs as mc
 from lowprec.numerics.optim import quantized_adam as qa
+from lowprec.numerics.rounding import Stochastic
 
 F32 = np.float32
 
@@ -150,7 +151,7 @@ def _small_loss(p):
 
 
 def test_stochastic_rounding_is_reproducible_resumable_and_keyed_by_leaf_name():
-  fmt = mc.state_format("dynamic4", block_size=32, rounding="stochastic", min_size=0)
+  fmt = mc.state_format("dynamic4", block_size=32, rounding=Stochastic(), min_size=0)
   make = lambda key: qa.quantized_adamw(1e-2, state_format=fmt, key=key)
 
   def stepper(tx):
@@ -188,7 +189,7 @@ def test_stochastic_rounding_is_reproducible_resumable_and_keyed_by_leaf_name():
 
 
 def test_inject_hyperparams_gives_the_same_steps():
-  fmt = mc.state_format("dynamic8", block_size=64, rounding="stochastic", min_size=0)
+  fmt = mc.state_format("dynamic8", block_size=64, rounding=Stochastic(), min_size=0)
   p = {"w": jnp.linspace(-1.0, 1.0, 1024).reshape(32, 32)}
   g = {"w": jnp.cos(p["w"] * 7)}
   # inject_hyperparams hands the numeric arguments over as float32 arrays.
@@ -206,7 +207,7 @@ def test_inject_hyperparams_gives_the_same_steps():
 def test_errors():
   with pytest.raises(ValueError, match="pass key"):
     qa.quantized_adamw(1e-3, state_format=mc.state_format("dynamic8",
-                                                          rounding="stochastic"))
+                                                          rounding=Stochastic()))
   with pytest.raises(ValueError, match="ignored"):
     qa.quantized_adamw(1e-3, state_format="dynamic8", key=0)
   with pytest.raises(ValueError, match="unknown state format"):
