@@ -51,17 +51,6 @@ _FLOAT_INPUTS = (jnp.float32, jnp.bfloat16, jnp.float16)
 _U = np.uint32
 _I = np.int32
 
-# Moved to numerics.float_bits; the names stay here for one release (docs/api.md).
-leading_zeros = float_bits.leading_zeros
-compose_bits = float_bits.compose_bits
-round_bits_rn = float_bits.round_bits_rn
-split_bits = float_bits.split_bits
-ldexp_bits = float_bits.ldexp_bits
-nonzero_magnitude = float_bits.nonzero_magnitude
-div_rn = float_bits.div_rn
-div_rn_idiv = float_bits.div_rn_idiv
-mul_narrow = float_bits.mul_narrow
-
 
 class _Deterministic:
   """Shared behaviour of the roundings that draw no random words."""

@@ -12,10 +12,12 @@ MOVED = ("leading_zeros", "compose_bits", "round_bits_rn", "split_bits", "ldexp_
          "nonzero_magnitude", "div_rn", "div_rn_idiv", "mul_narrow")
 
 
-def test_the_moved_names_still_resolve_from_rounding():
-  """The names moved out of numerics.rounding stay there for one release."""
+def test_the_moved_names_live_in_float_bits_only():
+  """No compatibility names before a first release (docs/changelog.md): the bit
+  arithmetic is float_bits', and numerics.rounding no longer re-exports it."""
   for name in MOVED:
-    assert getattr(rounding, name) is getattr(float_bits, name), name
+    assert callable(getattr(float_bits, name)), name
+    assert not hasattr(rounding, name), name
 
 
 def test_div_rn_is_ieee_division_from_integer_ops():
