@@ -150,31 +150,23 @@ def normalization(mode: str, *, constant: float | None = None) -> Normalization:
   return TokenMean() if mode == TokenMean.mode else SequenceMean()
 
 
-def _as_normalization(norm, constant, api: str) -> Normalization:
-  """``norm`` as a :data:`Normalization`: a typed one as is (then ``constant`` must be
-  None), or one of the older names with its constant (kept for one release)."""
-  if isinstance(norm, str):
-    return normalization(norm, constant=constant)
+def _check_normalization(norm, api: str) -> Normalization:
+  """``norm`` if it is a :data:`Normalization`; a name (read it with
+  :func:`normalization`) or anything else is a TypeError naming what to pass."""
   if not isinstance(norm, Normalization):
     raise TypeError(f"{api}: normalization must be TokenMean(), SequenceMean() or "
-                    f"ConstantDivisor(c) (or one of the names {NORMALIZATIONS}), got "
-                    f"{norm!r}")
-  if constant is not None:
-    raise ValueError(f"{api}: the constant belongs in ConstantDivisor(constant); got "
-                     f"{norm!r} and a separate constant={constant!r}")
+                    f"ConstantDivisor(c); a configuration's name is read with "
+                    f"policy_loss.normalization(name, constant=...), got {norm!r}")
   return norm
 
 
 def normalize_loss(per_token: jax.Array, mask: jax.Array,
-                   mode: Normalization | str = TokenMean(),
-                   constant: float | None = None) -> jax.Array:
+                   mode: Normalization = TokenMean()) -> jax.Array:
   """Scalar float32 reduction of ``per_token`` ``[B, T]`` over ``mask`` (``[B, T]``
   bool/float) by ``mode``: :class:`TokenMean` (default), :class:`SequenceMean` or
-  :class:`ConstantDivisor`. The older spelling, a name in ``NORMALIZATIONS`` with
-  ``constant`` for ``"constant"``, is kept for one release. Gradient: that of the
-  reduction, through ``per_token``.
+  :class:`ConstantDivisor`. Gradient: that of the reduction, through ``per_token``.
   """
-  norm = _as_normalization(mode, constant, "normalize_loss")
+  norm = _check_normalization(mode, "normalize_loss")
   x = importance.as_tokens(per_token, "per_token")
   m = importance.as_mask(mask, x.shape)
   return norm.reduce(jnp.where(m > 0, x, 0.0), m)
@@ -188,35 +180,20 @@ def k3_kl(learner_logp: jax.Array, reference_logp: jax.Array) -> jax.Array:
   return jnp.exp(d) - d - 1.0
 
 
-def _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level
-                        ) -> importance.Correction:
-  """The correction ``grpo_loss`` applies: ``correction``, or one built from the older
-  string arguments (defaults: token TIS with C = 2, the band [0.5, 2], token level)."""
-  old = {"is_method": is_method, "is_cap": is_cap, "is_lo": is_lo, "is_hi": is_hi,
-         "is_level": is_level}
-  given = sorted(k for k, v in old.items() if v is not None)
-  if correction is not None:
-    if given:
-      raise ValueError(f"grpo_loss: give the correction as correction= or as {given}, "
-                       f"not both")
-    if not isinstance(correction, importance.Correction):
-      raise TypeError(f"grpo_loss: correction must be a lowprec.numerics.rl.importance "
-                      f"correction ({', '.join(importance.CORRECTION_NAMES)}), got "
-                      f"{correction!r}")
-    return correction
-  return importance.correction(
-      "token_tis" if is_method is None else is_method,
-      cap=2.0 if is_cap is None else is_cap, lo=0.5 if is_lo is None else is_lo,
-      hi=2.0 if is_hi is None else is_hi, level="token" if is_level is None else is_level)
+def _check_correction(correction) -> importance.Correction:
+  if not isinstance(correction, importance.Correction):
+    raise TypeError(f"grpo_loss: correction must be a lowprec.numerics.rl.importance "
+                    f"correction ({', '.join(importance.CORRECTION_NAMES)}); a "
+                    f"configuration's name is read with importance.correction(name, "
+                    f"...), got {correction!r}")
+  return correction
 
 
 def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: jax.Array,
-              mask: jax.Array, *, correction: importance.Correction | None = None,
-              is_method: str | None = None, is_cap: float | None = None,
-              is_lo: float | None = None, is_hi: float | None = None,
-              is_level: str | None = None, clip_eps: float = 0.2, clip_eps_high: float | None = None,
-              normalization: Normalization | str = TokenMean(),
-              norm_constant: float | None = None,
+              mask: jax.Array, *,
+              correction: importance.Correction = importance.TokenTIS(cap=2.0),
+              clip_eps: float = 0.2, clip_eps_high: float | None = None,
+              normalization: Normalization = TokenMean(),
               proximal_logp: jax.Array | None = None, kl_coef: float = 0.0,
               reference_logp: jax.Array | None = None
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -232,15 +209,9 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
     correction: the importance-sampling correction, a
       :data:`numerics.rl.importance.Correction` (``TokenTIS(cap=2.0)``, the default;
       ``NoCorrection()``, ``SequenceTIS``, ``MaskedIS``, ``IcePop``).
-    is_method, is_cap, is_lo, is_hi, is_level: the older spelling of ``correction``
-      (a method name and its numbers, :func:`numerics.rl.importance.correction`; kept
-      for one release): giving them with ``correction`` raises.
     clip_eps, clip_eps_high: PPO clip range ``[1 - clip_eps, 1 + clip_eps_high]``.
     normalization: the loss reduction, :class:`TokenMean` (default),
       :class:`SequenceMean` or :class:`ConstantDivisor`.
-    norm_constant: with a name for ``normalization`` (the older spelling, kept for one
-      release), the constant of ``"constant"``; giving it with a typed normalization
-      raises.
     proximal_logp: ``[B, T]`` learner old log-probs for decoupled PPO, or None.
     kl_coef, reference_logp: k3 KL penalty to the reference (required if kl_coef != 0).
 
@@ -249,8 +220,8 @@ def grpo_loss(learner_logp: jax.Array, behaviour_logp: jax.Array, advantages: ja
   dropped_frac} from :func:`numerics.rl.importance.is_statistics`, and
   mismatch_{k1,k3,max_abs_delta_logp} between the learner and the sampler.
   """
-  corr = _resolve_correction(correction, is_method, is_cap, is_lo, is_hi, is_level)
-  norm = _as_normalization(normalization, norm_constant, "grpo_loss")
+  corr = _check_correction(correction)
+  norm = _check_normalization(normalization, "grpo_loss")
   l = importance.as_tokens(learner_logp, "learner_logp")
   b = jax.lax.stop_gradient(importance.as_tokens(behaviour_logp, "behaviour_logp", l.shape))
   m = importance.as_mask(mask, l.shape)

@@ -44,13 +44,13 @@ def test_ppo_clamp_prevents_inf():
 def test_normalize_loss_modes():
   x = jnp.array([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0], [7.0, 7.0, 7.0]])
   m = jnp.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]], bool)
-  np.testing.assert_allclose(pl.normalize_loss(x, m, "token"), 10.0 / 4)
+  np.testing.assert_allclose(pl.normalize_loss(x, m, pl.TokenMean()), 10.0 / 4)
   # row means 2 and 4; the empty third row is left out
-  np.testing.assert_allclose(pl.normalize_loss(x, m, "sequence"), 3.0)
-  np.testing.assert_allclose(pl.normalize_loss(x, m, "constant", constant=9.0), 10.0 / 9)
+  np.testing.assert_allclose(pl.normalize_loss(x, m, pl.SequenceMean()), 3.0)
+  np.testing.assert_allclose(pl.normalize_loss(x, m, pl.ConstantDivisor(9.0)), 10.0 / 9)
   z = jnp.zeros((3, 3))
-  assert float(pl.normalize_loss(x, z, "token")) == 0.0
-  assert float(pl.normalize_loss(x, z, "sequence")) == 0.0
+  assert float(pl.normalize_loss(x, z, pl.TokenMean())) == 0.0
+  assert float(pl.normalize_loss(x, z, pl.SequenceMean())) == 0.0
 
 
 def _setup():
@@ -67,9 +67,9 @@ def test_grpo_token_tis_no_proximal_value_and_grad():
   w = np.minimum(E(np.array([[0.5, 0.0, -1.1], [0.0, 0.8, -0.5]])), 2.0)
   a = np.array([[1.0] * 3, [-0.5] * 3])
   m = np.asarray(mask)
-  loss, met = pl.grpo_loss(l, b, adv, mask, is_method="token_tis", is_cap=2.0)
+  loss, met = pl.grpo_loss(l, b, adv, mask, correction=importance.TokenTIS(cap=2.0))
   np.testing.assert_allclose(loss, np.sum(-w * a * m) / 5, rtol=1e-6)
-  g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, is_method="token_tis")[0])(l)
+  g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, correction=importance.TokenTIS())[0])(l)
   np.testing.assert_allclose(g, -w * a * m / 5, rtol=1e-6)  # TIS estimator min(pi/mu,C) A
   assert float(met["ppo_clip_frac"]) == 0.0
   np.testing.assert_allclose(met["is_clipped_frac"], 1 / 5, rtol=1e-6)  # e^.8 = 2.23 capped
@@ -85,9 +85,9 @@ def test_grpo_no_is_uses_sampler_ratio():
   a = np.array([[1.0] * 3, [-0.5] * 3])
   m = np.asarray(mask)
   ppo = -np.minimum(r * a, np.clip(r, 0.8, 1.2) * a)
-  loss, _ = pl.grpo_loss(l, b, adv, mask, is_method="none")
+  loss, _ = pl.grpo_loss(l, b, adv, mask, correction=importance.NoCorrection())
   np.testing.assert_allclose(loss, np.sum(ppo * m) / 5, rtol=1e-6)
-  g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, is_method="none")[0])(l)
+  g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, correction=importance.NoCorrection())[0])(l)
   # d/dl of -r A is -r A where the unclipped branch is active, 0 where clipped
   active = ~(((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8)))
   np.testing.assert_allclose(g, -r * a * m * active / 5, rtol=1e-6)
@@ -105,8 +105,8 @@ def test_grpo_decoupled_gradients_clipped_and_unclipped():
   r = E(np.array([0.1, 0.5, 0.5, -0.5]))
 
   def f(x):
-    return pl.grpo_loss(x, b, adv, mask, proximal_logp=prox, is_method="token_tis",
-                        is_cap=2.0, clip_eps=0.2)
+    return pl.grpo_loss(x, b, adv, mask, proximal_logp=prox,
+                        correction=importance.TokenTIS(cap=2.0), clip_eps=0.2)
 
   loss, met = f(l)
   # values: -w * [r, 1.2, -r, -0.8]
@@ -129,26 +129,26 @@ def test_grpo_masked_is_drops_tokens_from_denominator():
   mask = jnp.ones((1, 4))
   adv = jnp.array([1.0])
   for method in ("masked_is", "icepop"):
-    loss, met = pl.grpo_loss(l, b, adv, mask, is_method=method, is_lo=0.5, is_hi=2.0)
+    loss, met = pl.grpo_loss(l, b, adv, mask, correction=importance.correction(method, lo=0.5, hi=2.0))
     np.testing.assert_allclose(loss, -(1.0 + E(0.2)) / 2, rtol=1e-6)  # 2 kept tokens
     np.testing.assert_allclose(met["is_dropped_frac"], 0.5)
-    g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, is_method=method, is_hi=2.0)[0])(l)
+    g = _grad(lambda x: pl.grpo_loss(x, b, adv, mask, correction=importance.correction(method, hi=2.0))[0])(l)
     np.testing.assert_allclose(g, [[-0.5, -E(0.2) / 2, 0.0, 0.0]], rtol=1e-6)
 
 
 def test_grpo_all_masked_rows_and_normalizations():
   l, b, mask, adv = _setup()
   mask = mask.at[1].set(0.0)  # second row fully masked out
-  loss_tok, _ = pl.grpo_loss(l, b, adv, mask, normalization="token")
-  loss_seq, _ = pl.grpo_loss(l, b, adv, mask, normalization="sequence")
-  loss_c, _ = pl.grpo_loss(l, b, adv, mask, normalization="constant", norm_constant=6.0)
+  loss_tok, _ = pl.grpo_loss(l, b, adv, mask, normalization=pl.TokenMean())
+  loss_seq, _ = pl.grpo_loss(l, b, adv, mask, normalization=pl.SequenceMean())
+  loss_c, _ = pl.grpo_loss(l, b, adv, mask, normalization=pl.ConstantDivisor(6.0))
   w = np.minimum(E(np.array([0.5, 0.0, -1.1])), 2.0)
   np.testing.assert_allclose(loss_tok, -w.sum() / 3, rtol=1e-6)
   np.testing.assert_allclose(loss_seq, -w.sum() / 3, rtol=1e-6)
   np.testing.assert_allclose(loss_c, -w.sum() / 6, rtol=1e-6)
-  # The typed spellings give the same bits as the names they replace.
-  for typed, old in ((pl.TokenMean(), loss_tok), (pl.SequenceMean(), loss_seq),
-                     (pl.ConstantDivisor(6.0), loss_c)):
+  # A configuration's names resolve to the same normalizations (and bits).
+  for name, old in (("token", loss_tok), ("sequence", loss_seq), ("constant", loss_c)):
+    typed = pl.normalization(name, constant=6.0)
     assert float(pl.grpo_loss(l, b, adv, mask, normalization=typed)[0]) == float(old)
   loss0, met0 = pl.grpo_loss(l, b, adv, jnp.zeros_like(mask))
   assert float(loss0) == 0.0 and all(np.isfinite(float(v)) for v in met0.values())
@@ -159,7 +159,7 @@ def test_grpo_kl_penalty_value_and_grad():
   ref = jnp.array([[-0.5, -0.5]])
   mask = jnp.ones((1, 2))
   adv = jnp.zeros(1)  # isolate the KL term
-  kw = dict(is_method="none", kl_coef=0.1, reference_logp=ref)
+  kw = dict(correction=importance.NoCorrection(), kl_coef=0.1, reference_logp=ref)
   loss, met = pl.grpo_loss(l, l, adv, mask, **kw)
   d = np.array([0.5, 0.0])  # ref - learner
   k3 = E(d) - d - 1
@@ -173,35 +173,36 @@ def test_grpo_clamp_prevents_inf():
   l = jnp.array([[0.0, 0.0]])
   b = jnp.array([[-1000.0, 1000.0]])
   for method in importance.METHODS:
-    loss, met = pl.grpo_loss(l, b, jnp.array([1.0]), jnp.ones((1, 2)), is_method=method)
+    loss, met = pl.grpo_loss(l, b, jnp.array([1.0]), jnp.ones((1, 2)),
+                             correction=importance.correction(method))
     assert np.isfinite(float(loss)), method
     if method not in ("none", "token_tis"):  # one gradient per ratio path keeps this fast
       continue
     g = _grad(lambda x: pl.grpo_loss(x, b, jnp.array([1.0]), jnp.ones((1, 2)),
-                                     is_method=method)[0])(l)
+                                     correction=importance.correction(method))[0])(l)
     assert np.all(np.isfinite(g)), method
 
 
 def test_grpo_jit():
   l, b, mask, adv = _setup()
-  f = jax.jit(pl.grpo_loss, static_argnames=("is_method", "normalization", "is_level"))
-  out = f(l, b, adv, mask, is_method="sequence_tis", normalization="sequence", is_cap=1.5)
-  ref = pl.grpo_loss(l, b, adv, mask, is_method="sequence_tis", normalization="sequence",
-                     is_cap=1.5)
+  kw = dict(correction=importance.SequenceTIS(cap=1.5), normalization=pl.SequenceMean())
+  f = jax.jit(pl.grpo_loss, static_argnames=tuple(kw))  # the values are static, hashable
+  out = f(l, b, adv, mask, **kw)
+  ref = pl.grpo_loss(l, b, adv, mask, **kw)
   chex.assert_trees_all_close(out, ref, rtol=1e-6)
 
 
 def test_validation():
   l, b, mask, adv = _setup()
   with pytest.raises(ValueError, match="unknown IS method 'tis'"):
-    pl.grpo_loss(l, b, adv, mask, is_method="tis")
+    importance.correction("tis")
   with pytest.raises(ValueError, match="unknown loss normalization 'batch'.*'token'"):
-    pl.grpo_loss(l, b, adv, mask, normalization="batch")
+    pl.normalization("batch")
   with pytest.raises(ValueError, match="needs a constant"):
-    pl.normalize_loss(l, mask, "constant")
-  # A constant beside a typed normalization would be ignored: it raises instead.
-  with pytest.raises(ValueError, match="belongs in ConstantDivisor"):
-    pl.grpo_loss(l, b, adv, mask, normalization=pl.TokenMean(), norm_constant=6.0)
+    pl.normalization("constant")
+  # A name where a normalization belongs is refused, naming the parser (no shim).
+  with pytest.raises(TypeError, match=r"policy_loss.normalization\(name"):
+    pl.grpo_loss(l, b, adv, mask, normalization="token")
   with pytest.raises(TypeError, match="normalization must be TokenMean"):
     pl.normalize_loss(l, mask, mode=None)
   with pytest.raises(ValueError, match="constant must be > 0, got 0"):
@@ -234,18 +235,13 @@ def test_typed_corrections_against_hand_values():
   for method, obj in (("sequence_tis", importance.SequenceTIS(cap=1.5)),
                       ("masked_is", importance.MaskedIS(lo=0.5, hi=1.5, level="sequence")),
                       ("icepop", importance.IcePop(lo=0.5, hi=1.5))):
-    old = pl.grpo_loss(l, b, adv, mask, is_method=method, is_cap=1.5, is_hi=1.5,
-                       is_level="sequence" if method == "masked_is" else None)
-    new = pl.grpo_loss(l, b, adv, mask, correction=obj)
-    chex.assert_trees_all_equal(old, new)
     assert importance.correction(method, cap=1.5, hi=1.5,
                                  level="sequence") == obj
+    assert np.isfinite(float(pl.grpo_loss(l, b, adv, mask, correction=obj)[0]))
 
 
 def test_correction_arguments_are_checked():
   l, b, mask, adv = _setup()
-  with pytest.raises(ValueError, match="not both"):
-    pl.grpo_loss(l, b, adv, mask, correction=importance.TokenTIS(), is_cap=3.0)
   with pytest.raises(TypeError, match="token_tis"):
     pl.grpo_loss(l, b, adv, mask, correction="token_tis")
   with pytest.raises(ValueError, match="level"):
