@@ -424,8 +424,7 @@ def quantized_dot_general_with_state(
     lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type: as
       :func:`quantized_dot_general` (any recipe).
     state: this call site's :class:`State` from :func:`init_state` (or the previous
-      step's gradient of it); the dict form of earlier releases is accepted for one
-      release, and its gradient keeps that form.
+      step's gradient of it).
 
   Returns:
     ``(output, forward telemetry)``: the telemetry is ``{"forward/lhs": ...,

@@ -9,9 +9,6 @@ the recipe's delayed-scaling operands; ``telemetry`` (with ``telemetry=True``) a
 GEMMs. Both can be updated only once the backward pass ran, so the next state comes
 back as the state's cotangent (:func:`next_state`; Flax's ``_overwrite_with_gradient``
 convention). Fields the recipe does not use are None (empty pytree nodes).
-
-The dict form of earlier releases (``{"delayed": {"forward/lhs": ...}}``) is accepted
-for one release (:func:`as_state`); its gradient comes back in the same dict form.
 """
 
 from __future__ import annotations
@@ -62,48 +59,14 @@ def operand_name(field: str) -> str:
   return field.replace("_", "/")
 
 
-def as_state(state: State | dict) -> State:
-  """``state`` as a :class:`State`; the dict form of earlier releases
-  (``{"delayed": {"<gemm>/<side>": ...}, "telemetry": {...}}``) is converted (kept for
-  one release). Anything else raises, naming what it got."""
+def as_state(state: Any) -> State:
+  """``state`` if it is a :class:`State` (from :func:`init_state`); anything else
+  raises, naming what it got."""
   if isinstance(state, State):
     return state
-  if isinstance(state, dict) and not set(state) - {"delayed", "telemetry"}:
-    try:
-      return State(*(None if state.get(part) is None else OperandSlots(
-          **{slot(name): v for name, v in state[part].items()})
-                     for part in State._fields))
-    except TypeError as e:
-      raise ValueError(f"state: a dict state's operands must be '<gemm>/<side>' "
-                       f"(forward, dgrad, wgrad; lhs, rhs): {e}") from None
   got = (f"a dict with keys {sorted(state)}" if isinstance(state, dict)
          else type(state).__name__)
   raise ValueError(f"state must be a qdot.State from init_state, got {got}")
-
-
-def _is_state(x) -> bool:
-  return isinstance(x, State)
-
-
-def legacy_dict_form(tree: Any) -> Any:
-  """``tree`` with every :class:`State` in it in the dict form of earlier releases
-  (``{"delayed": {"forward/lhs": ...}}``), leaves unchanged: the structure a checkpoint
-  written before :class:`State` holds (for restoring one; kept for one release)."""
-
-  def to_dict(s):
-    if not isinstance(s, State):
-      return s
-    return {part: {operand_name(k): v for k, v in getattr(s, part).items()}
-            for part in State._fields if getattr(s, part) is not None}
-
-  return jax.tree.map(to_dict, tree, is_leaf=_is_state)
-
-
-def from_legacy_dict_form(template: Any, tree: Any) -> Any:
-  """The inverse of :func:`legacy_dict_form`: ``tree`` (that form) with the dicts where
-  ``template`` has a :class:`State` converted back (:func:`as_state`)."""
-  return jax.tree.map(lambda t, x: as_state(x) if isinstance(t, State) else x,
-                      template, tree, is_leaf=_is_state)
 
 
 def excess_axes(value, like) -> tuple[str, ...]:

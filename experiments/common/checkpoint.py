@@ -40,7 +40,6 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from experiments.common import run_metadata
-from lowprec.numerics import qdot_state
 
 
 class Snapshot(NamedTuple):
@@ -216,21 +215,11 @@ class Checkpointer:
                             f"{self.all_steps()})")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
                             {"state": abstract_state, "rng": abstract_rng})
-    legacy = False
     try:
       restored = self._read(step, abstract)
     except Exception as e:  # pylint: disable=broad-except  (tensorstore, json, missing files)
-      # A checkpoint written before qdot.State holds its quantized layers' states as
-      # dicts: read into that form and converted (kept for one release).
-      dicts = qdot_state.legacy_dict_form(abstract)
-      try:
-        if jax.tree.structure(dicts) == jax.tree.structure(abstract):
-          raise
-        restored, legacy = self._read(step, dicts), True
-      except Exception:  # pylint: disable=broad-except  (report the first failure)
-        first = _first_line(e)
-        raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be "
-                              f"read ({type(e).__name__}: {first})") from e
+      raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be "
+                            f"read ({type(e).__name__}: {_first_line(e)})") from e
     meta = restored.meta
     if meta is None or int(meta.get("step", -1)) != step:
       raise CheckpointError(f"checkpoint step {step} in {self.directory} has no valid "
@@ -245,8 +234,6 @@ class Checkpointer:
             f"checkpoint step {step} in {self.directory} fails its checksums: "
             f"{len(bad)} array(s) differ from what was written ({', '.join(bad[:4])}"
             f"{', ...' if len(bad) > 4 else ''})")
-    if legacy:
-      trees["state"] = qdot_state.from_legacy_dict_form(abstract_state, trees["state"])
     return Snapshot(state=trees["state"], rng=trees["rng"], step=int(meta["step"]),
                     data_position=int(meta["data_position"]),
                     record=meta.get("record", {}))

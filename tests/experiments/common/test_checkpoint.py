@@ -49,25 +49,19 @@ def test_relative_path_rejected():
     Checkpointer("relative/ck")
 
 
-def test_a_checkpoint_of_dict_qdot_states_restores_into_qdot_state(tmp_path):
-  """Checkpoints written before qdot.State hold each quantized op's state as
-  ``{"delayed": {"forward/lhs": ...}}``; they restore into the State form, bit for bit
-  (one release of compatibility), and a truly different tree still fails."""
+def test_a_checkpoint_of_another_tree_is_one_checkpoint_error(tmp_path):
+  """A checkpoint whose tree differs from the run's (here: qdot states in the dict
+  form of earlier releases, no longer converted) fails as a CheckpointError naming
+  the step, not as orbax's traceback."""
   from lowprec.numerics import qdot  # pylint: disable=g-import-not-at-top
   from experiments.common.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
   typed = qdot.init_state("fp8_delayed", telemetry=True)
-  typed = jax.tree.map(lambda a: a + jnp.arange(a.size, dtype=a.dtype).reshape(a.shape)
-                       if a.size else a, typed)
   legacy = {part: {k.replace("_", "/"): v for k, v in getattr(typed, part).items()}
             for part in ("delayed", "telemetry")}
   ck = Checkpointer(str(tmp_path / "ck"))
   ck.save(Snapshot(state={"layer": legacy, "w": jnp.ones(3)}, rng=jax.random.PRNGKey(0),
                    step=1, data_position=2))
   template = {"layer": qdot.init_state("fp8_delayed", telemetry=True), "w": jnp.zeros(3)}
-  restored = ck.restore(template, jax.random.PRNGKey(1))
-  assert isinstance(restored.state["layer"], qdot.State)
-  jax.tree.map(np.testing.assert_array_equal, restored.state["layer"], typed)
-  with pytest.raises(CheckpointError, match="cannot be read"):
-    ck.restore({"layer": qdot.init_state("fp8_delayed"), "w": jnp.zeros(3)},
-               jax.random.PRNGKey(1))
+  with pytest.raises(CheckpointError, match="checkpoint step 1 in .* cannot be read"):
+    ck.restore(template, jax.random.PRNGKey(1))
   ck.close()
