@@ -182,7 +182,8 @@ def parse(name: str, *, bits: int | None = None, rng: str = "hash",
   return kind()
 
 
-def check_rounding(rounding, api: str = "", parser: str = "numerics.rounding.parse",
+def check_rounding(rounding, api: str = "",
+                   parser: str = "lowprec.numerics.rounding.parse",
                    kinds: tuple[type, ...] = (Nearest, TowardZero, Stochastic)):
   """``rounding`` if it is an instance of one of ``kinds`` (default: any
   :data:`Rounding`); else ValueError for another rounding, TypeError for anything else

@@ -92,7 +92,7 @@ class ExportSpec:
 
   def __post_init__(self):
     rounding_lib.check_rounding(self.rounding, "ExportSpec",
-                                "numerics.export.parse_rounding", _KINDS)
+                                "lowprec.numerics.export.parse_rounding", _KINDS)
     target = self.target
     if isinstance(target, formats_lib.Format):
       object.__setattr__(self, "target", target.name)

@@ -108,7 +108,7 @@ def bf16_master_weights(
     requires ``params`` and returns float32 updates for the low-precision leaves.
   """
   rounding_lib.check_rounding(rounding, "bf16_master_weights",
-                              "numerics.optim.master_weights.parse_rounding", _KINDS)
+                              "lowprec.numerics.optim.master_weights.parse_rounding", _KINDS)
   kahan = isinstance(rounding, Kahan)
   stochastic = isinstance(rounding, rounding_lib.Stochastic)
   if stochastic != (key is not None):

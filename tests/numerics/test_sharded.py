@@ -379,7 +379,7 @@ def _mesh_2x2():
 
 
 def _kernel_calls(key, **mode):
-  sr = dict(rounding="stochastic", key=key, **mode)
+  sr = dict(rounding=Stochastic(), key=key, **mode)
   return {
       "mx_quantize": lambda v: kernels.mx_quantize(v, "e2m1", **sr),
       "mx_qdq -2": lambda v: kernels.mx_quantize_dequantize(v, "e4m3", axis=-2, **sr),
@@ -487,7 +487,7 @@ def test_kernels_under_explicit_mesh_axes_follow_the_operand():
   first. The bits are the unsharded ones."""
   mesh = jax.make_mesh((N_DEVICES,), ("d",), axis_types=(AxisType.Explicit,))
   x = jax.random.normal(jax.random.key(1), (64, 128))
-  f = lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=0, rounding="stochastic",
+  f = lambda v: kernels.mx_quantize_dequantize(v, "e2m1", axis=0, rounding=Stochastic(),
                                                key=KEY, interpret=True)
   want = jax.jit(f)(x)
   with jax.set_mesh(mesh):

@@ -96,7 +96,7 @@ def test_quantized_dot_general_reports_every_operand():
         a, quantizer.quantize_dequantize(a, sp), sp), custom_message=slot)
   assert all(float(t.sqnr_db) > 25 for t in got.values())
   # Without telemetry in the state nothing is reported.
-  assert qdot.quantized_dot_general_with_state(x, w, DN, r, {})[1] == {}
+  assert qdot.quantized_dot_general_with_state(x, w, DN, r, qdot.init_state(r))[1] == {}
   out = numerics.qdot.quantized_dot_general(x, w, DN, r)
   chex.assert_trees_all_equal(
       qdot.quantized_dot_general_with_state(x, w, DN, r, state)[0], out)
