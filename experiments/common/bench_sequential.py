@@ -180,6 +180,14 @@ def ratio_row(per_round_s: dict[str, list[float]], method: str, baseline: str
   return median(per_round_s[method]), median(ratios), ratios[0], ratios[-1]
 
 
+def reproduce_lines(module: str, record: dict[str, Any]) -> list[str]:
+  """The report's Reproduce section for the benchmark script ``module``."""
+  minutes = sum(r["wall_s"] for r in record["looks"]) / 60
+  return ["", "## Reproduce", "", f"`python -m {module}` reruns it (about {minutes:.0f} "
+          f"min of rounds here); `python -m {module} --report_only` rebuilds this report "
+          "from the committed JSON.", ""]
+
+
 def write_report(out_dir: str, lines: list[str]) -> str:
   """Writes ``<out_dir>/REPORT.md``: ``lines``, then ``FINDINGS.md`` beside it (the
   hand-written reading survives a rebuild); returns its path."""

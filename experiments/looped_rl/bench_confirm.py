@@ -144,10 +144,7 @@ def build_report(out_dir: str) -> str:
                                                          deferred)
     lines.append(f"| prompt {prompt_len} + {num_new} new | {1e3 * t_def:.1f} | "
                  f"{1e3 * t_dense:.1f} | {gain:.3f} [{low:.3f}, {high:.3f}] |")
-  lines += ["", "## Reproduce", "", "`python -m experiments.looped_rl.bench_confirm` "
-            f"reruns it (about {sum(r['wall_s'] for r in record['looks']) / 60:.0f} min of "
-            "rounds here); `python -m experiments.looped_rl.bench_confirm --report_only` "
-            "rebuilds this report from the committed JSON.", ""]
+  lines += bench_sequential.reproduce_lines("experiments.looped_rl.bench_confirm", record)
   return bench_sequential.write_report(out_dir, lines)
 
 
@@ -157,8 +154,7 @@ def define_flags() -> None:
   bench_sequential.define_flags(sweeps.ROLLOUT_REPORT_DIR, "bench_rollout.json")
 
 
-main = bench_sequential.main_of(lambda out_dir, cpu: run(out_dir, cpu),
-                                lambda out_dir: build_report(out_dir))
+main = bench_sequential.main_of(run, build_report)
 
 
 if __name__ == "__main__":

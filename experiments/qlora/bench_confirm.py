@@ -189,10 +189,7 @@ def build_report(out_dir: str) -> str:
         declared.startswith("not decided") and o.verdict.startswith("not decided"))
     lines.append(f"| {i} | {cell} | {verdict} | {declared} | **{o.verdict}** | "
                  f"{'no' if same else '**yes**'} |")
-  lines += ["", "## Reproduce", "", "`python -m experiments.qlora.bench_confirm` reruns it "
-            f"(about {sum(r['wall_s'] for r in record['looks']) / 60:.0f} min of rounds "
-            "here); `python -m experiments.qlora.bench_confirm --report_only` rebuilds this "
-            "report from the committed JSON.", ""]
+  lines += bench_sequential.reproduce_lines("experiments.qlora.bench_confirm", record)
   return bench_sequential.write_report(out_dir, lines)
 
 
@@ -202,8 +199,7 @@ def define_flags() -> None:
   bench_sequential.define_flags(sweeps.SPEED_REPORT_DIR, "bench_speed.json")
 
 
-main = bench_sequential.main_of(lambda out_dir, cpu: run(out_dir, cpu),
-                                lambda out_dir: build_report(out_dir))
+main = bench_sequential.main_of(run, build_report)
 
 
 if __name__ == "__main__":
