@@ -63,6 +63,7 @@ from lowprec import numerics  # pylint: disable=wrong-import-position
 from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
 from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
 from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
+from experiments.benchmarks.qtrain_step import lm_train_step  # pylint: disable=wrong-import-position
 from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
 from experiments.common import repo_paths  # pylint: disable=wrong-import-position
 from experiments.common import run_metadata  # pylint: disable=wrong-import-position
@@ -340,14 +341,7 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
     params = jax.jit(model.init)(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
     opt = optax.adamw(1e-3)
 
-    def step(state, tokens, key):
-      params, opt_state = state
-      def loss_fn(p):
-        logits = model.apply(p, tokens[:, :-1], key)
-        return transformer.next_token_loss(logits, tokens[:, 1:])[0]
-      loss, grads = jax.value_and_grad(loss_fn)(params)
-      updates, opt_state = opt.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), loss
+    step = lm_train_step(model, opt)
 
     state = (params, opt.init(params))
     key = jax.random.key(3)

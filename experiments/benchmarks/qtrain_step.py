@@ -24,6 +24,26 @@ from experiments.common.config_flags import parse_flags
 from lowprec.models import transformer
 
 
+def lm_train_step(model, opt: optax.GradientTransformation):
+  """``step((params, opt_state), tokens, key) -> ((params, opt_state), loss)``: one
+  optimizer step of the next-token loss of a ``DecoderLM`` on ``tokens`` int32[B, T + 1]
+  (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), unjitted (the benchmarks and
+  compile checks jit it with their own shardings)."""
+
+  def step(state, tokens, key):
+    params, opt_state = state
+
+    def loss_fn(p):
+      logits = model.apply(p, tokens[:, :-1], key)
+      return transformer.next_token_loss(logits, tokens[:, 1:])[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  return step
+
+
 def step_time(recipe: str, repeats: int) -> float:
   """Seconds per jitted train step (minimum over ``repeats``) under ``recipe``."""
   cfg = transformer.TransformerConfig(vocab_size=256, d_model=flags.FLAGS.d_model,
@@ -35,15 +55,7 @@ def step_time(recipe: str, repeats: int) -> float:
   opt = optax.adam(1e-3)
   state = (params, opt.init(params))
 
-  @jax.jit
-  def train_step(state, tokens, key):
-    params, opt_state = state
-    def loss_fn(p):
-      logits = model.apply(p, tokens[:, :-1], key)
-      return transformer.next_token_loss(logits, tokens[:, 1:])[0]
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
+  train_step = jax.jit(lm_train_step(model, opt))
 
   key = jax.random.key(3)
   state, loss = train_step(state, tokens, key)

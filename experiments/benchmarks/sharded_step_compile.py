@@ -75,6 +75,7 @@ def compile_step(recipe: str, topology: str, layout: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.qtrain_step import lm_train_step  # pylint: disable=g-import-not-at-top
   from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
   from lowprec.models import transformer  # pylint: disable=g-import-not-at-top
   from lowprec.numerics import kernels  # pylint: disable=g-import-not-at-top
@@ -104,16 +105,7 @@ def compile_step(recipe: str, topology: str, layout: str) -> dict:
                     jax.ShapeDtypeStruct((batch, length + 1), jnp.int32))
   key = abstract(lambda p, a: P(), jax.eval_shape(lambda: jax.random.key(0)))
 
-  def step(state, tokens, key):
-    params, opt_state = state
-
-    def loss_fn(p):
-      logits = model.apply(p, tokens[:, :-1], key)
-      return transformer.next_token_loss(logits, tokens[:, 1:])[0]
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
+  step = lm_train_step(model, opt)
 
   t0 = time.perf_counter()
   try:
