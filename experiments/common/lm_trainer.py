@@ -1,7 +1,7 @@
 """The decoder-LM trainer on Shakespeare that several experiments share (harness).
 
 :class:`LMConfig` holds an LM run's fields and the hooks a derived config overrides
-(``transformer_config``, ``model_recipe``, ``optimizer``,
+(``transformer_config``, ``model_recipe``, ``model_rules``, ``optimizer``,
 ``optimizer_metrics``); :func:`train_and_evaluate` trains and evaluates one run of any
 such config under :func:`experiments.common.run.open_run`. ``experiments.lm`` runs it
 as it is; ``experiments.alto`` (an MoE model and ALTO's recipe options),
@@ -115,6 +115,12 @@ class LMConfig:
     trainer resolves it once, and the Recipe object travels from there."""
     return self.recipe
 
+  def model_rules(self, recipe: recipes_lib.Recipe) -> tuple[quantization.Rule, ...]:
+    """Which module runs which recipe (first match wins): the experiments' convention,
+    :func:`experiments.common.recipe_flag.model_rules`; a study that keeps some layers
+    in high precision prepends its rules."""
+    return recipe_flag.model_rules(recipe)
+
   def optimizer(self) -> optax.GradientTransformation:
     """The optimizer (see :func:`make_optimizer`)."""
     return make_optimizer(self)
@@ -185,7 +191,7 @@ def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
   recipe = recipes_lib.get(config.model_recipe())
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(vocab_size)),
-      recipe_flag.model_rules(recipe), telemetry=config.numerics_telemetry)
+      config.model_rules(recipe), telemetry=config.numerics_telemetry)
   stateful = quantization.OVERWRITE in jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
                          jax.random.PRNGKey(0)))
