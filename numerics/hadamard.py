@@ -48,13 +48,20 @@ def _check_block(n) -> int:
   return int(n)
 
 
+def normalized_hadamard_matrix(size: int) -> jax.Array:
+  """The orthonormal ``(size, size)`` float32 matrix ``H_size / sqrt(size)``: the
+  deterministic transform (no signs, no permutation)."""
+  size = _check_block(size)
+  return jnp.asarray(hadamard_matrix(size)) * np.float32(1.0 / np.sqrt(size))
+
+
 def random_hadamard_matrix(size: int, *, key: jax.Array, permute: bool = True
                            ) -> jax.Array:
   """The orthonormal ``(size, size)`` float32 matrix ``R`` for ``key``."""
   size = _check_block(size)
   k_sign, k_perm = jax.random.split(key)
   signs = jax.random.rademacher(k_sign, (size,), dtype=jnp.float32)
-  h = jnp.asarray(hadamard_matrix(size)) * np.float32(1.0 / np.sqrt(size))
+  h = normalized_hadamard_matrix(size)
   hd = h * signs[None, :]
   if not permute:
     return hd

@@ -177,11 +177,13 @@ def _compensate(out: jax.Array, *ops) -> jax.Array:
 
 
 def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: int,
-                   key) -> tuple[jax.Array, jax.Array]:
-  """Applies the same RHT along the contraction axis of both operands (zero-padded)."""
+                   key, random: bool) -> tuple[jax.Array, jax.Array]:
+  """Applies the same (random or fixed) Hadamard transform along the contraction axis
+  of both operands (zero-padded)."""
   a = blockscale.pad_to_multiple(a, (axis_a,), (block,))
   b = blockscale.pad_to_multiple(b, (axis_b,), (block,))
-  r = hadamard_lib.random_hadamard_matrix(block, key=key)
+  r = (hadamard_lib.random_hadamard_matrix(block, key=key) if random
+       else hadamard_lib.normalized_hadamard_matrix(block))
   return (hadamard_lib.apply_blockwise(a, r, axis_a),
           hadamard_lib.apply_blockwise(b, r, axis_b))
 
@@ -191,7 +193,8 @@ def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, o
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
   if gemm.hadamard is not None:
-    a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0])
+    a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0],
+                          gemm.hadamard_random)
   return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
                             delayed=_delayed(delayed, name, "lhs"), owner=owner),
           _quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,

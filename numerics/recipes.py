@@ -21,7 +21,8 @@ same way); :class:`TensorQuant`, one float32 scale per tensor from the current a
 history carried between steps, :mod:`numerics.delayed_scaling`), which needs
 :func:`numerics.qdot.quantized_dot_general_with_state`. ``GemmRecipe.hadamard`` applies
 a randomized Hadamard transform of that size to both operands along the contraction
-axis first (exact in real arithmetic because the transform is orthonormal).
+axis first (exact in real arithmetic because the transform is orthonormal; random
+unless ``GemmRecipe.hadamard_random`` is False).
 ``GemmRecipe.accumulation`` emulates a tensor core's limited-precision accumulator
 (:mod:`numerics.accumulation`). ``reuse_forward_weight`` feeds the forward-quantized W
 to dgrad (ALTO 1d2d: no forward/backward weight mismatch, no second quantization).
@@ -77,13 +78,21 @@ COMPUTE_DTYPES = ("bf16", "fp32")
 
 @dataclasses.dataclass(frozen=True)
 class GemmRecipe:
-  """Quantizers of one GEMM's operands (None: not quantized), an optional RHT of size
-  ``hadamard`` (a power of two) and an optional emulated accumulator."""
+  """Quantizers of one GEMM's operands (None: not quantized), an optional Hadamard
+  transform of size ``hadamard`` (a power of two) along the contraction axis of both
+  operands, and an optional emulated accumulator.
+
+  ``hadamard_random`` (default True) draws the transform's signs and permutation from
+  the GEMM's key (the RHT of :mod:`numerics.hadamard`); False applies the fixed
+  Sylvester matrix ``H_b / sqrt(b)`` (no key: arXiv 2605.09825's deterministic
+  rotation).
+  """
 
   lhs: OperandQuant | None = None
   rhs: OperandQuant | None = None
   hadamard: int | None = None
   accumulation: accumulation_lib.Accumulation | None = None
+  hadamard_random: bool = True
 
   def __post_init__(self):
     for side in ("lhs", "rhs"):
@@ -94,6 +103,8 @@ class GemmRecipe:
     h = self.hadamard
     if h is not None and (not operand_quant.is_int(h) or h < 1 or h & (h - 1)):
       raise ValueError(f"hadamard must be a power of two (the RHT size), got {h!r}")
+    if not isinstance(self.hadamard_random, bool):
+      raise TypeError(f"hadamard_random must be a bool, got {self.hadamard_random!r}")
     if self.accumulation is not None and not isinstance(
         self.accumulation, accumulation_lib.Accumulation):
       raise TypeError(f"accumulation must be a lowprec.numerics.accumulation.Accumulation, "
@@ -101,7 +112,7 @@ class GemmRecipe:
 
   @property
   def needs_key(self) -> bool:
-    return self.hadamard is not None or any(
+    return (self.hadamard is not None and self.hadamard_random) or any(
         op is not None and op.rounding.needs_key for op in (self.lhs, self.rhs))
 
 
@@ -166,7 +177,8 @@ class Recipe:
 
   @property
   def needs_key(self) -> bool:
-    """Whether the recipe draws random numbers (stochastic rounding or an RHT)."""
+    """Whether the recipe draws random numbers (stochastic rounding or a random
+    Hadamard transform)."""
     return any(g.needs_key for g in self.gemms)
 
   @property

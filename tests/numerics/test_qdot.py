@@ -344,3 +344,47 @@ def test_nvfp4_grad_of_grad_names_the_public_function(api):
                                       rf"derivative") as e:
     jax.grad(lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)))(x)
   assert "quantize_dequantize_nvfp4_blocks" not in str(e.value)
+
+
+def _sylvester_blocks(a: np.ndarray, axis: int, size: int) -> np.ndarray:
+  """``H_size / sqrt(size)`` (scipy's Sylvester matrix) on every block along ``axis``."""
+  import scipy.linalg
+  h = scipy.linalg.hadamard(size).astype(np.float64) / np.sqrt(size)
+  am = np.moveaxis(np.asarray(a, np.float64), axis, 0)
+  blocks = am.reshape(am.shape[0] // size, size, -1)
+  out = np.einsum("ij,bjk->bik", h, blocks).reshape(am.shape)
+  return np.moveaxis(out, 0, axis).astype(np.float32)
+
+
+def test_deterministic_hadamard_backward_matches_the_numpy_reference():
+  """MXFP4 on the backward GEMMs only, behind the fixed Sylvester transform (arXiv
+  2605.09825): every backward operand is H_16 / 4 (blockwise along the contraction)
+  then OCP-floor MXFP4 of the NumPy reference, bit for bit; no key is drawn (any key,
+  or none, gives the same bits). Integer inputs make H x / 4 exact in float32 whatever
+  the summation order."""
+  q = recipes.MXQuant(fmt="e2m1", scale_rule="floor")
+  gemm = recipes.GemmRecipe(lhs=q, rhs=q, hadamard=16, hadamard_random=False)
+  recipe = recipes.Recipe(name="bwd_dh", dgrad=gemm, wgrad=gemm)
+  assert not recipe.needs_key
+  rng = np.random.default_rng(0)
+  x, w, g = (rng.integers(-8, 9, size=s).astype(np.float32)
+             for s in ((64, 64), (64, 96), (64, 96)))
+  out, dx, dw = _run(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), None)
+  chex.assert_trees_all_equal(out, _mm(jnp.asarray(x), jnp.asarray(w)))  # forward bf16
+  fp4 = lambda a, axis: ref.quantize_mx(a, "e2m1", "floor", axis=axis)[2]
+  # dgrad contracts over N: dO's rows and W's rows (W^T's columns), transformed along N.
+  gq = fp4(_sylvester_blocks(g, 1, 16), 1)
+  wq = fp4(_sylvester_blocks(w, 1, 16), 1)
+  np.testing.assert_array_equal(np.asarray(dx), np.asarray(_mm(gq, wq.T)))
+  # wgrad contracts over tokens (axis 0 of X and dO).
+  xq = fp4(_sylvester_blocks(x, 0, 16), 0)
+  gq2 = fp4(_sylvester_blocks(g, 0, 16), 0)
+  np.testing.assert_array_equal(np.asarray(dw), np.asarray(_mm(xq.T, gq2)))
+  assert not np.array_equal(xq, _sylvester_blocks(x, 0, 16))  # quantization happened
+  again = _run(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), jax.random.key(5))
+  chex.assert_trees_all_equal(again, (out, dx, dw))
+
+
+def test_hadamard_random_must_be_a_bool():
+  with pytest.raises(TypeError, match="hadamard_random must be a bool, got 'no'"):
+    recipes.GemmRecipe(hadamard=16, hadamard_random="no")
