@@ -17,11 +17,9 @@ bad mix (an NVFP4 operand with an MX scale rule, a tensor-scaled one with blocks
 cannot be built: the constructor has no such argument. Reading an option another mode
 has gives its neutral value (an :class:`NVFP4Quant`'s ``clip`` is ``"none"``, its
 ``scaling`` ``"block"``), so code that reads operands generically works on all four.
-
-``OperandQuant(fmt, scaling="block", ...)``, the single class of earlier releases, still
-builds the right one of the four for one release (``scaling`` and ``fmt`` pick it) and
-raises ``ValueError`` naming an option the mode does not take; :func:`replace` changes
-options the same way.
+:func:`replace` changes options and keeps the class, with a ``ValueError`` naming an
+option the class does not take. ``OperandQuant`` itself is only the base: build one of
+the four.
 """
 
 from __future__ import annotations
@@ -38,12 +36,7 @@ from lowprec.numerics import quantizer
 from lowprec.numerics import rounding as rounding_lib
 
 Scaling = Literal["block", "tensor", "delayed"]
-SCALINGS = ("block", "tensor", "delayed")
 _DELAYED_DEFAULTS = dict(amax_history_len=1024, amax_compute_algo="max", margin=0)
-# The old single class's arguments, in its order (positional calls keep working).
-_OLD_FIELDS = ("fmt", "scaling", "block_shape", "scale_rule", "rounding", "prescale",
-               "clip", "macro_block", "amax_history_len",
-               "amax_compute_algo", "margin", "convention", "amax_axis_name")
 
 
 def is_int(v) -> bool:
@@ -51,18 +44,8 @@ def is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-class _BuildsItsKind(type):
-  """``OperandQuant(...)`` called directly builds the class its ``scaling`` and ``fmt``
-  name (the earlier single-class constructor); the four classes construct as usual."""
-
-  def __call__(cls, *args, **kwargs):
-    if cls is OperandQuant:
-      return _build(*args, **kwargs)
-    return super().__call__(*args, **kwargs)
-
-
 @dataclasses.dataclass(frozen=True)
-class OperandQuant(metaclass=_BuildsItsKind):
+class OperandQuant:
   """How one operand of one GEMM is quantized: an :class:`MXQuant`,
   :class:`NVFP4Quant`, :class:`TensorQuant` or :class:`DelayedQuant`.
 
@@ -86,6 +69,13 @@ class OperandQuant(metaclass=_BuildsItsKind):
   margin = _DELAYED_DEFAULTS["margin"]
   convention = "te"
   amax_axis_name = None
+
+  def __new__(cls, *args, **kwargs):
+    del args, kwargs
+    if cls is OperandQuant:
+      raise TypeError("OperandQuant is the base class: build an MXQuant, NVFP4Quant, "
+                      "TensorQuant or DelayedQuant (numerics.operand_quant)")
+    return super().__new__(cls)
 
   def _check_common(self) -> None:
     rounding_lib.check_rounding(self.rounding, type(self).__name__)
@@ -117,10 +107,6 @@ class OperandQuant(metaclass=_BuildsItsKind):
     """The :class:`QuantSpec` for an operand with these (negative) axes."""
     raise NotImplementedError
 
-  def options(self) -> dict[str, Any]:
-    """Every option of the earlier single class (``fmt`` and ``scaling`` included),
-    neutral values where this mode has none: ``OperandQuant(**op.options()) == op``."""
-    return {name: getattr(self, name) for name in _OLD_FIELDS}
 
 
 def _block_shape(block_shape, default: int):
@@ -303,60 +289,43 @@ class DelayedQuant(OperandQuant):
 _KINDS = (MXQuant, NVFP4Quant, TensorQuant, DelayedQuant)
 
 
-def _build(*args, **kwargs) -> OperandQuant:
-  """The earlier single-class constructor: the class ``scaling`` and ``fmt`` name,
-  with a ``ValueError`` for an option that mode does not take."""
-  if len(args) > len(_OLD_FIELDS):
-    raise TypeError(f"OperandQuant takes at most {len(_OLD_FIELDS)} positional "
-                    f"arguments, got {len(args)}")
-  given = dict(zip(_OLD_FIELDS, args))
-  for name in kwargs:
-    if name in given:
-      raise TypeError(f"OperandQuant got multiple values for argument {name!r}")
-    if name not in _OLD_FIELDS:
-      raise TypeError(f"OperandQuant got an unexpected keyword argument {name!r}")
-  given.update(kwargs)
-  if "fmt" not in given:
-    raise TypeError("OperandQuant missing required argument: 'fmt'")
-  fmt, scaling = given.pop("fmt"), given.pop("scaling", "block")
-  if fmt != "nvfp4":
-    formats_lib.get(fmt)
-  if scaling not in SCALINGS:
-    raise ValueError(f"scaling must be 'block', 'tensor' or 'delayed', got {scaling!r}")
-  if scaling == "block":
-    cls = NVFP4Quant if fmt == "nvfp4" else MXQuant
-  else:
-    _element_format(fmt, scaling)
-    if given.get("block_shape") is not None:
-      raise ValueError(f"block_shape describes blocks; scaling={scaling!r} has none")
-    cls = TensorQuant if scaling == "tensor" else DelayedQuant
-  own = {f.name for f in dataclasses.fields(cls)}
-  foreign = {k: v for k, v in given.items()
-             if k not in own and v != getattr(OperandQuant, k)}
-  if "scale_rule" in foreign:
-    raise ValueError("nvfp4 has no MX scale rule (see convention)" if fmt == "nvfp4"
-                     else f"scale_rule is an MX option, got scaling={scaling!r}")
-  if "convention" in foreign:
-    raise ValueError(f"convention is an nvfp4 option, got fmt={fmt!r}")
-  if "amax_axis_name" in foreign:
-    raise ValueError(f"amax_axis_name reduces a tensor amax, which only nvfp4 and "
-                     f"scaling='tensor' operands take; got fmt={fmt!r}, "
-                     f"scaling={scaling!r}")
-  if "clip" in foreign or "macro_block" in foreign:
-    raise ValueError("clip and macro_block apply to MX block quantizers only")
-  if foreign:
-    raise ValueError(f"amax_history_len, amax_compute_algo and margin are delayed-"
-                     f"scaling options, got scaling={scaling!r}")
-  kw = {k: v for k, v in given.items() if k in own}
-  if cls is not NVFP4Quant:
-    kw["fmt"] = fmt
-  return cls(**kw)
+# Options by the classes that take them: what replace() names when a class lacks one.
+_DELAYED_OPTIONS = ("amax_history_len", "amax_compute_algo", "margin")
+
+
+def _foreign_option(op: OperandQuant, name: str) -> str:
+  """Why ``op``'s class takes no option ``name`` (one line)."""
+  kind = type(op).__name__
+  if name == "scale_rule":
+    return ("nvfp4 has no MX scale rule (see convention)" if isinstance(op, NVFP4Quant)
+            else f"scale_rule is an MX option (MXQuant), not {kind}'s")
+  if name == "convention":
+    return f"convention is an nvfp4 option (NVFP4Quant), not {kind}'s"
+  if name == "amax_axis_name":
+    return (f"amax_axis_name reduces a tensor amax, which only NVFP4Quant and "
+            f"TensorQuant operands take, not {kind}")
+  if name in ("clip", "macro_block"):
+    return f"clip and macro_block apply to MX block quantizers (MXQuant) only, not {kind}"
+  if name == "block_shape":
+    return f"block_shape describes blocks, which {kind} has none of"
+  if name in _DELAYED_OPTIONS:
+    return f"{name} is a delayed-scaling option (DelayedQuant), not {kind}'s"
+  if name in ("scaling", "fmt"):
+    return (f"{name} picks the class: build the operand of the other mode (MXQuant, "
+            f"NVFP4Quant, TensorQuant, DelayedQuant) instead of changing {kind}'s")
+  return f"{kind} has no option {name!r}"
 
 
 def replace(op: OperandQuant, **changes: Any) -> OperandQuant:
-  """``op`` with options changed; ``scaling`` or ``fmt`` may change its class, and an
-  option the resulting mode does not take raises ``ValueError`` (as
-  ``OperandQuant(...)`` does)."""
+  """``op`` (same class) with options changed, validated as at construction. An
+  option its class does not take raises ``ValueError`` naming it, unless the value is
+  that option's neutral value (what the class reads for it), so a recipe transform can
+  map one change over every operand alike."""
   if not isinstance(op, OperandQuant):
     raise TypeError(f"op must be an OperandQuant, got {type(op).__name__}")
-  return _build(**{**op.options(), **changes})
+  own = {f.name for f in dataclasses.fields(op)}
+  for name, value in changes.items():
+    if name not in own and not (hasattr(OperandQuant, name)
+                                and value == getattr(op, name)):
+      raise ValueError(_foreign_option(op, name))
+  return dataclasses.replace(op, **{k: v for k, v in changes.items() if k in own})

@@ -107,11 +107,11 @@ def test_dge_multiplies_weight_gradient():
 
 def test_option_validation():
   with pytest.raises(ValueError, match="multiple"):
-    R.OperandQuant(fmt="e2m1", macro_block=48)
+    R.MXQuant(fmt="e2m1", macro_block=48)
   with pytest.raises(ValueError, match="prescale"):
-    R.OperandQuant(fmt="e2m1", prescale=0.0)
+    R.MXQuant(fmt="e2m1", prescale=0.0)
   with pytest.raises(ValueError, match="clip"):
-    R.OperandQuant(fmt="e2m1", clip="quest")
+    R.MXQuant(fmt="e2m1", clip="quest")
   with pytest.raises(ValueError, match="bf16-exact"):
     R.replace(R.with_macro_blocks("mxfp4"), compute_dtype="bf16")
   with pytest.raises(ValueError, match="DGE"):

@@ -94,7 +94,7 @@ def test_specs_and_recipes_validate_at_construction():
   with pytest.raises(ValueError, match="positive ints"):
     quantizer.QuantSpec(block_shape=-3)
   with pytest.raises(ValueError, match="positive ints"):
-    recipes.OperandQuant(fmt="e4m3", block_shape=-32)
+    recipes.MXQuant(fmt="e4m3", block_shape=-32)
   with pytest.raises(ValueError, match="no block scaling"):
     quantizer.QuantSpec(fmt="bf16", block_shape=32)
   assert quantizer.QuantSpec(fmt="bf16").is_cast  # a bf16 spec is a cast by default

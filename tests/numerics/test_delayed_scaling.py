@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lowprec.numerics import delayed_scaling as ds
-from lowprec.numerics import qdot, recipes
+from lowprec.numerics import operand_quant, qdot, recipes
 
 DN = (((1,), (0,)), ((), ()))
 E4M3_MAX = 448.0
@@ -55,7 +55,7 @@ def test_quantize_uses_the_previous_scale_and_saturates():
 
 
 def _one_operand_recipe(side_gemm="forward", history_len=3):
-  op = recipes.OperandQuant("e4m3", scaling="delayed", amax_history_len=history_len)
+  op = recipes.DelayedQuant("e4m3", amax_history_len=history_len)
   gemm = recipes.GemmRecipe(lhs=op)
   return recipes.Recipe(name="delayed_x", compute_dtype="fp32", **{side_gemm: gemm})
 
@@ -107,8 +107,8 @@ def test_delayed_recipe_needs_its_state():
   s = qdot.init_state("fp8_delayed")
   assert [k for k, _ in s.delayed.items()] == list(qdot.OperandSlots._fields)
   assert s.delayed.forward_lhs.amax_history.shape == (1024,)
-  with pytest.raises(ValueError, match="delayed-scaling options"):
-    recipes.OperandQuant("e4m3", amax_history_len=16)
+  with pytest.raises(ValueError, match="amax_history_len is a delayed-scaling option"):
+    operand_quant.replace(recipes.MXQuant("e4m3"), amax_history_len=16)
   chex.assert_trees_all_equal_structs(
       jax.grad(lambda s: jnp.sum(qdot.quantized_dot_general_with_state(
           x, x, DN, "fp8_delayed", s)[0]))(s), s)

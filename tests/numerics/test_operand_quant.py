@@ -1,8 +1,7 @@
 """Operand quantizers typed by scaling mode (numerics.operand_quant).
 
-Each mode is its own class holding only its options, so a bad mix cannot be built; the
-earlier single-class constructor ``OperandQuant(fmt, scaling=..., ...)`` still builds
-the right class (for one release) with the same ValueErrors as before.
+Each mode is its own class holding only its options, so a bad mix cannot be built;
+``OperandQuant`` is only their base, and ``replace`` keeps the class.
 """
 
 import dataclasses
@@ -14,54 +13,19 @@ from lowprec.numerics import operand_quant as oq
 from lowprec.numerics import recipes
 from lowprec.numerics.rounding import Nearest, Stochastic
 
-# Every option of the earlier single class with its default, in its order.
-_OLD_DEFAULTS = dict(fmt=None, scaling="block", block_shape=None, scale_rule="floor",
-                     rounding=Nearest(), prescale=1.0, clip="none",
-                     macro_block=None, amax_history_len=1024, amax_compute_algo="max",
-                     margin=0, convention="te", amax_axis_name=None)
-
-
 def _builtin_operands():
   return [(f"{name}/{g}/{side}", op) for name in recipes.names()
           for g, gemm in zip(recipes.GEMM_NAMES, recipes.get(name).gemms)
           for side, op in (("lhs", gemm.lhs), ("rhs", gemm.rhs)) if op is not None]
 
 
-@pytest.mark.parametrize("old,kind,typed", [
-    (dict(fmt="e4m3", scale_rule="rceil"), oq.MXQuant, oq.MXQuant("e4m3", scale_rule="rceil")),
-    (dict(fmt="e2m1", block_shape=(32, 32), clip="rms"), oq.MXQuant,
-     oq.MXQuant("e2m1", block_shape=(32, 32), clip="rms")),
-    (dict(fmt="nvfp4", rounding=Stochastic()), oq.NVFP4Quant,
-     oq.NVFP4Quant(rounding=Stochastic())),
-    (dict(fmt="nvfp4", block_shape=16, convention="torchao"), oq.NVFP4Quant,
-     oq.NVFP4Quant(convention="torchao")),
-    (dict(fmt="e5m2", scaling="tensor", amax_axis_name="data"), oq.TensorQuant,
-     oq.TensorQuant("e5m2", amax_axis_name="data")),
-    (dict(fmt="e4m3", scaling="delayed", amax_history_len=16, margin=1), oq.DelayedQuant,
-     oq.DelayedQuant("e4m3", amax_history_len=16, margin=1)),
-])
-def test_the_old_constructor_builds_the_class_of_its_mode(old, kind, typed):
-  op = recipes.OperandQuant(**old)
-  assert type(op) is kind and isinstance(op, recipes.OperandQuant)
-  assert op == typed and hash(op) == hash(typed)
-  # Every option reads as the old class read it: given, or its default.
-  want = {**_OLD_DEFAULTS, **old}
-  if kind in (oq.MXQuant, oq.NVFP4Quant):  # blocks default to 32 (MX) and 16 (NVFP4)
-    want["block_shape"] = old.get("block_shape") or (32 if kind is oq.MXQuant else 16)
-  assert op.options() == want
-  assert recipes.OperandQuant(**op.options()) == op
-
-
-def test_positional_arguments_keep_the_old_order():
-  assert recipes.OperandQuant("e4m3", "tensor") == oq.TensorQuant("e4m3")
-  assert recipes.OperandQuant("e2m1", "block", 16, "ceil") == oq.MXQuant(
-      "e2m1", block_shape=16, scale_rule="ceil")
-  with pytest.raises(TypeError, match="multiple values for argument 'fmt'"):
-    recipes.OperandQuant("e4m3", fmt="e5m2")
-  with pytest.raises(TypeError, match="unexpected keyword argument 'blocks'"):
-    recipes.OperandQuant("e4m3", blocks=32)
-  with pytest.raises(TypeError, match="missing required argument: 'fmt'"):
-    recipes.OperandQuant(scaling="tensor")
+def test_the_base_class_is_not_an_operand_quantizer():
+  """The single-class constructor of earlier releases is gone (no shim): one line
+  naming the four classes."""
+  with pytest.raises(TypeError, match="OperandQuant is the base class: build an "
+                     "MXQuant, NVFP4Quant, TensorQuant or DelayedQuant"):
+    recipes.OperandQuant("e4m3", scaling="tensor")
+  assert isinstance(oq.TensorQuant("e4m3"), recipes.OperandQuant)
 
 
 @pytest.mark.parametrize("kind,kwargs", [
@@ -107,34 +71,38 @@ def test_each_mode_validates_its_own_options():
     oq.DelayedQuant("e4m3", margin=-1)
 
 
-@pytest.mark.parametrize("old,message", [
-    (dict(fmt="nvfp4", scale_rule="ceil"), r"nvfp4 has no MX scale rule"),
-    (dict(fmt="e4m3", scaling="tensor", scale_rule="ceil"), r"scale_rule is an MX option"),
-    (dict(fmt="e4m3", scaling="delayed", block_shape=32), r"block_shape describes blocks"),
-    (dict(fmt="e4m3", convention="torchao"), r"convention is an nvfp4 option"),
-    (dict(fmt="e4m3", amax_axis_name="d"), r"amax_axis_name reduces a tensor amax"),
-    (dict(fmt="nvfp4", macro_block=64), r"clip and macro_block apply to MX block"),
-    (dict(fmt="e4m3", scaling="tensor", margin=2), r"delayed-scaling options"),
-    (dict(fmt="e4m3", scaling="row"), r"scaling must be 'block', 'tensor' or 'delayed'"),
+@pytest.mark.parametrize("op,changes,message", [
+    (oq.NVFP4Quant(), dict(scale_rule="ceil"), r"nvfp4 has no MX scale rule"),
+    (oq.TensorQuant("e4m3"), dict(scale_rule="ceil"),
+     r"scale_rule is an MX option \(MXQuant\), not TensorQuant's"),
+    (oq.DelayedQuant("e4m3"), dict(block_shape=32),
+     r"block_shape describes blocks, which DelayedQuant has none of"),
+    (oq.MXQuant("e4m3"), dict(convention="torchao"), r"convention is an nvfp4 option"),
+    (oq.MXQuant("e4m3"), dict(amax_axis_name="d"), r"amax_axis_name reduces a tensor amax"),
+    (oq.NVFP4Quant(), dict(macro_block=64), r"clip and macro_block apply to MX block"),
+    (oq.TensorQuant("e4m3"), dict(margin=2), r"margin is a delayed-scaling option"),
+    (oq.TensorQuant("e4m3"), dict(scaling="delayed"), r"scaling picks the class"),
+    (oq.MXQuant("e4m3"), dict(blocks=32), r"MXQuant has no option 'blocks'"),
 ])
-def test_the_old_constructor_names_an_option_its_mode_does_not_take(old, message):
+def test_replace_names_an_option_the_class_does_not_take(op, changes, message):
   with pytest.raises(ValueError, match=message):
-    recipes.OperandQuant(**old)
+    oq.replace(op, **changes)
 
 
-def test_replace_keeps_the_class_or_moves_to_the_new_mode():
+def test_replace_keeps_the_class_and_validates():
   op = oq.MXQuant("e4m3", scale_rule="rceil")
   assert oq.replace(op, clip="rms") == oq.MXQuant("e4m3", scale_rule="rceil", clip="rms")
-  assert oq.replace(oq.TensorQuant("e4m3"), scaling="delayed") == oq.DelayedQuant("e4m3")
-  with pytest.raises(ValueError, match="clip and macro_block apply to MX block"):
-    oq.replace(oq.NVFP4Quant(), clip="rms")
-  with pytest.raises(ValueError, match="scale_rule is an MX option"):
-    oq.replace(op, scaling="tensor", block_shape=None)
+  assert oq.replace(op, fmt="e2m1") == oq.MXQuant("e2m1", scale_rule="rceil")
+  # A foreign option at its neutral value is no change (transforms map over all).
+  assert oq.replace(oq.NVFP4Quant(), clip="none", prescale=0.5) == oq.NVFP4Quant(
+      prescale=0.5)
+  with pytest.raises(ValueError, match="positive ints"):
+    oq.replace(op, block_shape=-32)
   with pytest.raises(TypeError, match="op must be an OperandQuant"):
     oq.replace({"fmt": "e4m3"}, clip="rms")
 
 
-def test_builtin_recipes_hold_the_typed_classes_and_round_trip():
+def test_builtin_recipes_hold_the_typed_classes_and_pickle():
   kinds = {name: type(op) for name, op in _builtin_operands()}
   assert kinds["mxfp8/forward/lhs"] is oq.MXQuant
   assert kinds["mxfp4/wgrad/rhs"] is oq.MXQuant
@@ -142,7 +110,6 @@ def test_builtin_recipes_hold_the_typed_classes_and_round_trip():
   assert kinds["fp8/forward/rhs"] is oq.TensorQuant
   assert kinds["fp8_delayed/wgrad/rhs"] is oq.DelayedQuant
   for name, op in _builtin_operands():
-    assert recipes.OperandQuant(**op.options()) == op, name
     assert pickle.loads(pickle.dumps(op)) == op, name
 
 

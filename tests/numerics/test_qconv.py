@@ -74,7 +74,7 @@ def _im2col_reference(x_nhwc, w_hwio, stride):
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 def test_rounding_follows_1x32_blocks_along_window_then_channel(fmt):
   """The mxfp8/mxfp4_1d2d-like forward GEMM: MX 1x32 blocks of K on both operands."""
-  op = numerics.recipes.OperandQuant(fmt, block_shape=32, scale_rule="floor")
+  op = numerics.recipes.MXQuant(fmt, block_shape=32, scale_rule="floor")
   recipe = numerics.recipes.Recipe(f"mx_{fmt}_forward",
                                    forward=numerics.recipes.GemmRecipe(op, op))
   x = np.asarray(jax.random.normal(jax.random.key(0), (2, 8, 8, 32)), np.float32)

@@ -236,9 +236,9 @@ def test_errors():
     qdot.quantized_dot_general(x, w, (((3,), (0,)), ((), ())), "mxfp8")
   with pytest.raises(ValueError, match="2D tiles"):
     recipes.replace("mxfp4", name="bad", forward=recipes.GemmRecipe(
-        lhs=recipes.OperandQuant("e2m1"), rhs=recipes.OperandQuant("e2m1")))
+        lhs=recipes.MXQuant("e2m1"), rhs=recipes.MXQuant("e2m1")))
   with pytest.raises(ValueError, match="block scaling"):
-    recipes.OperandQuant("bf16")
+    recipes.MXQuant("bf16")
 
 
 def test_jit_and_determinism():
@@ -254,7 +254,7 @@ def test_jit_and_determinism():
 def test_custom_recipe_and_registry():
   assert set(recipes.names()) >= {"bf16", "fp8", "mxfp8", "mxfp4", "nvfp4"}
   r = recipes.replace("mxfp8", name="mxfp8_floor", forward=recipes.GemmRecipe(
-      lhs=recipes.OperandQuant("e4m3"), rhs=recipes.OperandQuant("e4m3")))
+      lhs=recipes.MXQuant("e4m3"), rhs=recipes.MXQuant("e4m3")))
   x, w, g = _bounded()
   out, _, _ = _run(r, x, w, g, None)
   chex.assert_trees_all_equal(out, _mm(_mx(x, "e4m3", axis=-1), _mx(w, "e4m3", axis=0)))
