@@ -1,0 +1,113 @@
+"""experiments.mxfp4_backward: each arm's backward GEMMs against the NumPy MX
+reference, the arms' recipes, the config's one-line refusals and a tiny run."""
+
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from experiments.common.run_options import RunOptions
+from experiments.mxfp4_backward import experiment as mb
+from experiments.mxfp4_backward import sweeps
+from lowprec.numerics import qdot
+from lowprec.numerics.rounding import Nearest, Stochastic
+from tests.numerics import mx_reference as ref
+
+DN = (((1,), (0,)), ((), ()))
+_TINY = dict(num_steps=3, warmup_steps=1, d_model=32, num_heads=2, d_ff=64, seq_len=32,
+             batch_size=4, eval_batches=2, max_chars=60_000, checkpoint_every=0,
+             histogram_every=0)
+
+
+def _bf16_mm(a, b):
+  """The GEMM of exactly representable operands: bf16 in, float32 accumulation."""
+  return np.asarray(jnp.dot(jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16),
+                            preferred_element_type=jnp.float32,
+                            precision=jax.lax.Precision.HIGHEST))
+
+
+def _sylvester(a: np.ndarray, axis: int, size: int) -> np.ndarray:
+  h = scipy.linalg.hadamard(size).astype(np.float64) / np.sqrt(size)
+  am = np.moveaxis(a.astype(np.float64), axis, 0)
+  out = np.einsum("ij,bjk->bik", h, am.reshape(am.shape[0] // size, size, -1))
+  return np.moveaxis(out.reshape(am.shape), 0, axis).astype(np.float32)
+
+
+def _grads(config, x, w, g, key=None):
+  recipe = config.model_recipe()
+  f = lambda x, w: qdot.quantized_dot_general(x, w, DN, recipe, key=key,
+                                              preferred_element_type=jnp.float32)
+  out, vjp = jax.vjp(f, jnp.asarray(x), jnp.asarray(w))
+  return (np.asarray(out),) + tuple(np.asarray(t) for t in vjp(jnp.asarray(g)))
+
+
+@pytest.mark.parametrize("hadamard,wgrad", [("none", True), ("deterministic", True),
+                                            ("none", False)])
+def test_backward_gemms_are_the_numpy_mx_reference(hadamard, wgrad):
+  """Forward bf16; dgrad = q(dO) q(W)^T with both quantized along N, wgrad = q(X)^T q(dO)
+  along tokens (OCP floor MXFP4, round to nearest), behind the fixed Sylvester transform
+  when asked (H_16 / 4 on integers is exact in float32); wgrad unquantized when off."""
+  config = mb.Mxfp4BackwardConfig(backward="mxfp4", hadamard=hadamard, hadamard_size=16,
+                                  quantize_wgrad=wgrad)
+  rng = np.random.default_rng(1)
+  x, w, g = (rng.integers(-8, 9, size=s).astype(np.float32)
+             for s in ((64, 64), (64, 96), (64, 96)))
+  out, dx, dw = _grads(config, x, w, g)
+  np.testing.assert_array_equal(out, _bf16_mm(x, w))
+  t = (lambda a, axis: _sylvester(a, axis, 16)) if hadamard != "none" else (
+      lambda a, axis: a)
+  q = lambda a, axis: ref.quantize_mx(t(a, axis), "e2m1", "floor", axis=axis)[2]
+  np.testing.assert_array_equal(dx, _bf16_mm(q(g, 1), q(w, 1).T))
+  want_dw = _bf16_mm(q(x, 0).T, q(g, 0)) if wgrad else _bf16_mm(x.T, g)
+  np.testing.assert_array_equal(dw, want_dw)
+  assert not np.array_equal(dx, _bf16_mm(g, w.T))  # the backward is quantized
+
+
+def test_every_arm_builds_the_recipe_it_names():
+  recipes = {arm.name: mb.Mxfp4BackwardConfig(**{**vars_of(sweeps.BASE),
+                                                 **arm.overrides}).model_recipe()
+             for arm in sweeps.ARMS}
+  assert recipes["bf16"] == "bf16"
+  for name, r in recipes.items():
+    if name == "bf16":
+      continue
+    assert r.forward.lhs is None and r.forward.rhs is None  # forward bf16
+    d = r.dgrad
+    assert d.lhs == d.rhs and d.lhs.fmt == "e2m1" and d.lhs.scale_rule == "floor"
+    sr = "sr" in name.split("_")
+    assert d.lhs.rounding == (Stochastic() if sr else Nearest())
+    assert d.lhs.prescale == (0.75 if sr else 1.0)
+    assert d.hadamard == (32 if name.startswith(("rht", "dh")) else None)
+    assert d.hadamard_random == (not name.startswith("dh"))
+    assert r.wgrad == (d if name != "rtn_dgrad_only" else type(d)())
+    assert r.needs_key == (sr or name.startswith("rht"))
+
+
+def vars_of(config):
+  return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(recipe="mxfp8"), "--recipe=mxfp8 is not used here"),
+    (dict(backward="bf16", stochastic_rounding=True), "--backward=bf16 quantizes nothing"),
+    (dict(backward="bf16", quantize_wgrad=False), "--backward=bf16 quantizes nothing"),
+    (dict(hadamard="random", hadamard_size=24), "--hadamard_size=24 must be a power"),
+])
+def test_bad_configs_are_refused_in_one_line(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    mb.Mxfp4BackwardConfig(**overrides)
+
+
+def test_a_tiny_run_writes_its_row(tmp_path):
+  config = mb.Mxfp4BackwardConfig(**_TINY, backward="mxfp4", stochastic_rounding=True,
+                                  hadamard="random")
+  workdir = str(tmp_path / "run")
+  mb.train_and_evaluate(config, RunOptions(workdir=workdir, run_name="run"))
+  row = json.loads(open(os.path.join(workdir, "results.jsonl")).readline())
+  assert row["completed"] and np.isfinite(row["metrics"]["eval/loss"])
+  assert row["config"]["hadamard"] == "random"
