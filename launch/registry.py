@@ -47,6 +47,7 @@ _REGISTRY: dict[str, str] = {
     "kv_cache_weights": "experiments.kv_cache.sweeps:kv_cache_weights",
     # The field's recipe questions (issue 54).
     "scale_rules_ptq": "experiments.scale_rules.sweeps:scale_rules_ptq",
+    "nvfp4_recipe": "experiments.nvfp4_recipe.sweeps:nvfp4_recipe",
 }
 
 

@@ -1,4 +1,4 @@
-"""``python -m experiments.nvfp4_recipe``: one run (see :mod:`experiments.nvfp4_recipe.experiment`)."""
+"""``python -m experiments.nvfp4_recipe``: one run (see its ``experiment`` module)."""
 
 from experiments.common import script
 from experiments.nvfp4_recipe import experiment
