@@ -48,6 +48,7 @@ _REGISTRY: dict[str, str] = {
     # The field's recipe questions (issue 54).
     "scale_rules_ptq": "experiments.scale_rules.sweeps:scale_rules_ptq",
     "mxfp4_backward": "experiments.mxfp4_backward.sweeps:mxfp4_backward",
+    "nvfp4_recipe": "experiments.nvfp4_recipe.sweeps:nvfp4_recipe",
 }
 
 

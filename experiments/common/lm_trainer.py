@@ -321,7 +321,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
     model_params = start.state.params["params"] if stateful else start.state.params
     n_params = sum(x.size for x in jax.tree.leaves(model_params))
     logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
-                 n_params, splits.vocab.size, config.recipe, splits.train.size,
+                 n_params, splits.vocab.size, recipe.name, splits.train.size,
                  splits.validation.size)
 
     settings = run.settings(config.num_steps,
