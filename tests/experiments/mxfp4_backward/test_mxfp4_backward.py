@@ -111,3 +111,49 @@ def test_a_tiny_run_writes_its_row(tmp_path):
   row = json.loads(open(os.path.join(workdir, "results.jsonl")).readline())
   assert row["completed"] and np.isfinite(row["metrics"]["eval/loss"])
   assert row["config"]["hadamard"] == "random"
+
+
+def test_the_report_decides_by_the_plan_and_the_appendix_computes_the_interaction(
+    tmp_path):
+  """Synthetic results through the sequential runner and the report: the appendix's
+  interaction is ``(rht_sr - sr) - (rht - rtn)`` per seed, its mean and t-interval
+  computed here by hand; the report rebuilds byte for byte from a copy."""
+  import math  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  from launch import registry, sequential_runner  # pylint: disable=import-outside-toplevel
+  from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
+  from launch.report import build_report  # pylint: disable=import-outside-toplevel
+
+  sweep = registry.get("mxfp4_backward")
+  sweep_dir = str(tmp_path / "report")
+  write_manifest(sweep, [], sweep_dir)
+  gap = {"bf16": 0.0, "rtn": 0.05, "sr": 0.045, "rht": 0.012, "rht_sr": 0.004,
+         "dh": 0.01, "dh_sr": 0.0105, "rtn_dgrad_only": 0.01}
+  loss = lambda arm, seed: 1.85 + gap[arm] + 0.003 * math.sin(seed * (1 + len(arm)))
+  seen: dict[str, dict[int, float]] = {}
+
+  def run_batch(scheduled):
+    with open(os.path.join(sweep_dir, "results.jsonl"), "a") as f:
+      for r in scheduled:
+        seen.setdefault(r.arm, {})[r.seed] = loss(r.arm, r.seed)
+        f.write(json.dumps({"run_name": r.run_name, "completed": True, "metrics": {
+            **{m: 0.0 for m in sweep.metrics}, "eval/loss": loss(r.arm, r.seed)}})
+                + "\n")
+
+  result = sequential_runner.run_sequential(
+      sweep, sweep_dir, expand(sweep, sweep_dir), run_batch,
+      lambda s: write_manifest(sweep, s, sweep_dir), say=lambda _: None)
+  assert result.done
+  text = open(build_report(sweep_dir)).read()
+  assert "## Rounding x Hadamard" in text
+  seeds = sorted(set.intersection(*(set(seen[a]) for a in ("rht_sr", "sr", "rht", "rtn"))))
+  d = np.array([(seen["rht_sr"][s] - seen["sr"][s]) - (seen["rht"][s] - seen["rtn"][s])
+                for s in seeds])
+  half = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+  want = (f"{d.mean():+.4f} [{d.mean() - half:+.4f}, {d.mean() + half:+.4f}] "
+          f"(n = {d.size})")
+  assert want in text, want
+  copy = tmp_path / "copy"
+  shutil.copytree(sweep_dir, copy)
+  assert open(build_report(str(copy))).read() == text
