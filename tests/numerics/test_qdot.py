@@ -25,6 +25,7 @@ from lowprec.numerics import outlier_data
 from lowprec.numerics import qdot
 from lowprec.numerics import recipes
 from lowprec.numerics.rounding import Nearest, Stochastic, parse
+from tests.numerics import hadamard_reference
 from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
@@ -346,16 +347,6 @@ def test_nvfp4_grad_of_grad_names_the_public_function(api):
   assert "quantize_dequantize_nvfp4_blocks" not in str(e.value)
 
 
-def _sylvester_blocks(a: np.ndarray, axis: int, size: int) -> np.ndarray:
-  """``H_size / sqrt(size)`` (scipy's Sylvester matrix) on every block along ``axis``."""
-  import scipy.linalg
-  h = scipy.linalg.hadamard(size).astype(np.float64) / np.sqrt(size)
-  am = np.moveaxis(np.asarray(a, np.float64), axis, 0)
-  blocks = am.reshape(am.shape[0] // size, size, -1)
-  out = np.einsum("ij,bjk->bik", h, blocks).reshape(am.shape)
-  return np.moveaxis(out, 0, axis).astype(np.float32)
-
-
 def test_deterministic_hadamard_backward_matches_the_numpy_reference():
   """MXFP4 on the backward GEMMs only, behind the fixed Sylvester transform (arXiv
   2605.09825): every backward operand is H_16 / 4 (blockwise along the contraction)
@@ -373,14 +364,15 @@ def test_deterministic_hadamard_backward_matches_the_numpy_reference():
   chex.assert_trees_all_equal(out, _mm(jnp.asarray(x), jnp.asarray(w)))  # forward bf16
   fp4 = lambda a, axis: ref.quantize_mx(a, "e2m1", "floor", axis=axis)[2]
   # dgrad contracts over N: dO's rows and W's rows (W^T's columns), transformed along N.
-  gq = fp4(_sylvester_blocks(g, 1, 16), 1)
-  wq = fp4(_sylvester_blocks(w, 1, 16), 1)
+  gq = fp4(hadamard_reference.sylvester_blocks(g, 1, 16), 1)
+  wq = fp4(hadamard_reference.sylvester_blocks(w, 1, 16), 1)
   np.testing.assert_array_equal(np.asarray(dx), np.asarray(_mm(gq, wq.T)))
   # wgrad contracts over tokens (axis 0 of X and dO).
-  xq = fp4(_sylvester_blocks(x, 0, 16), 0)
-  gq2 = fp4(_sylvester_blocks(g, 0, 16), 0)
+  xq = fp4(hadamard_reference.sylvester_blocks(x, 0, 16), 0)
+  gq2 = fp4(hadamard_reference.sylvester_blocks(g, 0, 16), 0)
   np.testing.assert_array_equal(np.asarray(dw), np.asarray(_mm(xq.T, gq2)))
-  assert not np.array_equal(xq, _sylvester_blocks(x, 0, 16))  # quantization happened
+  # The quantization happened.
+  assert not np.array_equal(xq, hadamard_reference.sylvester_blocks(x, 0, 16))
   again = _run(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), jax.random.key(5))
   chex.assert_trees_all_equal(again, (out, dx, dw))
 

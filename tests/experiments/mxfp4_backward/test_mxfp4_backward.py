@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.linalg
 
 from experiments.common.run_options import RunOptions
 from experiments.mxfp4_backward import experiment as mb
 from experiments.mxfp4_backward import sweeps
 from lowprec.numerics import qdot
 from lowprec.numerics.rounding import Nearest, Stochastic
+from tests.numerics import hadamard_reference
 from tests.numerics import mx_reference as ref
 
 DN = (((1,), (0,)), ((), ()))
@@ -29,13 +29,6 @@ def _bf16_mm(a, b):
   return np.asarray(jnp.dot(jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16),
                             preferred_element_type=jnp.float32,
                             precision=jax.lax.Precision.HIGHEST))
-
-
-def _sylvester(a: np.ndarray, axis: int, size: int) -> np.ndarray:
-  h = scipy.linalg.hadamard(size).astype(np.float64) / np.sqrt(size)
-  am = np.moveaxis(a.astype(np.float64), axis, 0)
-  out = np.einsum("ij,bjk->bik", h, am.reshape(am.shape[0] // size, size, -1))
-  return np.moveaxis(out.reshape(am.shape), 0, axis).astype(np.float32)
 
 
 def _grads(config, x, w, g, key=None):
@@ -59,8 +52,11 @@ def test_backward_gemms_are_the_numpy_mx_reference(hadamard, wgrad):
              for s in ((64, 64), (64, 96), (64, 96)))
   out, dx, dw = _grads(config, x, w, g)
   np.testing.assert_array_equal(out, _bf16_mm(x, w))
-  t = (lambda a, axis: _sylvester(a, axis, 16)) if hadamard != "none" else (
-      lambda a, axis: a)
+  def t(a, axis):
+    if hadamard == "none":
+      return a
+    return hadamard_reference.sylvester_blocks(a, axis, 16)
+
   q = lambda a, axis: ref.quantize_mx(t(a, axis), "e2m1", "floor", axis=axis)[2]
   np.testing.assert_array_equal(dx, _bf16_mm(q(g, 1), q(w, 1).T))
   want_dw = _bf16_mm(q(x, 0).T, q(g, 0)) if wgrad else _bf16_mm(x.T, g)
