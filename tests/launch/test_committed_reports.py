@@ -38,7 +38,8 @@ REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_conf
            "mxfp8_rl/report_confirm_faults",
            "optimizer_state/report_confirm", "fair_cast/report_confirm",
            "looped_rl/report_confirm", "memoir/report_energy", "kv_cache/report_weights",
-           "scale_rules/report", "mxfp4_backward/report")
+           "scale_rules/report", "mxfp4_backward/report",
+           "nvfp4_recipe/report")
 _SKIP = shutil.ignore_patterns("checkpoints", "launch.log", ".lock", "plots")
 
 
