@@ -108,7 +108,6 @@ class OperandQuant:
     raise NotImplementedError
 
 
-
 def _block_shape(block_shape, default: int):
   blocks, _ = blockscale.canonical_block(block_shape, None, default)
   if len(blocks) > 2:
@@ -284,9 +283,6 @@ class DelayedQuant(OperandQuant):
 
   def spec(self, contract_axis: int, free_axis: int) -> quantizer.QuantSpec:
     raise ValueError("a delayed-scaling operand has no stateless QuantSpec")
-
-
-_KINDS = (MXQuant, NVFP4Quant, TensorQuant, DelayedQuant)
 
 
 # Options by the classes that take them: what replace() names when a class lacks one.
