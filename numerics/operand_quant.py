@@ -74,7 +74,7 @@ class OperandQuant:
     del args, kwargs
     if cls is OperandQuant:
       raise TypeError("OperandQuant is the base class: build an MXQuant, NVFP4Quant, "
-                      "TensorQuant or DelayedQuant (numerics.operand_quant)")
+                      "TensorQuant or DelayedQuant (lowprec.numerics.operand_quant)")
     return super().__new__(cls)
 
   def _check_common(self) -> None:
