@@ -343,7 +343,7 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
 
     step = lm_train_step(model, opt)
 
-    state = (params, opt.init(params))
+    state = (params, opt.init(params["params"]))
     key = jax.random.key(3)
     pallas_calls = count_primitive(jax.make_jaxpr(step)(state, tokens, key).jaxpr,
                                    "pallas_call")

@@ -21,27 +21,45 @@ import optax
 
 from experiments.common import recipe_flag
 from experiments.common.config_flags import parse_flags
+from lowprec.models import quantization
 from lowprec.models import transformer
 
 
 def lm_train_step(model, opt: optax.GradientTransformation):
-  """``step((params, opt_state), tokens, key) -> ((params, opt_state), loss)``: one
-  optimizer step of the next-token loss of a ``DecoderLM`` on ``tokens`` int32[B, T + 1]
-  (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), unjitted (the benchmarks and
-  compile checks jit it with their own shardings)."""
+  """``step((variables, opt_state), tokens, key) -> ((variables, opt_state), loss)``:
+  one optimizer step of the next-token loss of a ``DecoderLM`` on ``tokens``
+  int32[B, T + 1] (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), unjitted (the
+  benchmarks and compile checks jit it with their own shardings).
+
+  ``variables`` is what ``model.init`` returns (:func:`lm_train_state`): the optimizer
+  updates ``variables["params"]``; a delayed-scaling recipe's amax histories (the
+  ``quantization.OVERWRITE`` collection) are replaced by their gradient, which is
+  their next value (``models.quantization``), not updated by the optimizer."""
 
   def step(state, tokens, key):
-    params, opt_state = state
+    variables, opt_state = state
 
-    def loss_fn(p):
-      logits = model.apply(p, tokens[:, :-1], key)
+    def loss_fn(v):
+      logits = model.apply(v, tokens[:, :-1], key)
       return transformer.next_token_loss(logits, tokens[:, 1:])[0]
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
+    loss, grads = jax.value_and_grad(loss_fn)(variables)
+    updates, opt_state = opt.update(grads["params"], opt_state, variables["params"])
+    new = dict(variables, params=optax.apply_updates(variables["params"], updates))
+    if quantization.OVERWRITE in variables:
+      new[quantization.OVERWRITE] = grads[quantization.OVERWRITE]
+    return (new, opt_state), loss
 
   return step
+
+
+def lm_train_state(model, opt: optax.GradientTransformation, tokens: jax.Array,
+                   key: jax.Array):
+  """``(variables, opt_state)`` at step 0 for :func:`lm_train_step` (``tokens``: the
+  int32[B, T] inputs; only their shape matters)."""
+  k_init, k_apply = jax.random.split(key)
+  variables = model.init(k_init, tokens, k_apply)
+  return variables, opt.init(variables["params"])
 
 
 def step_time(recipe: str, repeats: int) -> float:
@@ -51,9 +69,8 @@ def step_time(recipe: str, repeats: int) -> float:
                                       d_ff=4 * flags.FLAGS.d_model, max_len=flags.FLAGS.seq)
   model = recipe_flag.quantized_model(transformer.DecoderLM(cfg), recipe)
   tokens = jax.random.randint(jax.random.key(0), (flags.FLAGS.batch, flags.FLAGS.seq + 1), 0, 256)
-  params = model.init(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
   opt = optax.adam(1e-3)
-  state = (params, opt.init(params))
+  state = lm_train_state(model, opt, tokens[:, :-1], jax.random.key(1))
 
   train_step = jax.jit(lm_train_step(model, opt))
 

@@ -100,11 +100,18 @@ print("ok")
   assert out.stdout.strip() == "ok"
 
 
-def test_sharded_step_compile_refuses_an_unknown_topology_in_one_line():
-  proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.sharded_step_compile",
-                         "--topologies=v4:2x2"], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("flag,message", [
+    ("--targets=v4:2x2", "error: --targets: unknown v4:2x2; known: H200, B200, v5e, v6e, "
+                         "v5e:2x2, h200x4"),
+    ("--recipes=fp9", "error: --recipes: unknown fp9; known: "),
+    ("--layouts=", "error: --layouts: none given; known: data, data_tensor"),
+    ("--size=huge", "error: flag --size=huge: value should be one of <ci|table>")])
+def test_step_compile_refuses_a_bad_flag_in_one_line(flag, message):
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.step_compile", flag],
+                        capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert proc.stderr.strip() == "error: --topologies: unknown v4:2x2; known: v5e:2x2, h200x4"
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  assert proc.stderr.strip().startswith(message), proc.stderr
 
 
 def test_kernel_check_refuses_an_unknown_kernel_in_one_line_before_its_stages():

@@ -1,15 +1,11 @@
 """Every kernel case compiles for H200, B200, TPU v5e and TPU v6e, without a device.
 
 Deviceless ahead-of-time compilation (numerics.kernels.compile_check) runs ptxas and the
-TPU compiler on this CPU-only machine. It needs the compile toolchain: CI installs it
-into a directory of its own and names it in NUMERICS_COMPILE_TOOLCHAIN, with
-REQUIRE_COMPILE=1 so that a missing toolchain fails instead of skipping. Elsewhere the
-tests run where the toolchain is importable (``pip install -e ".[compile]"``) and skip
-otherwise.
+TPU compiler on this CPU-only machine. It needs the compile toolchain (the ``toolchain``
+fixture, conftest.py). The LM's whole training steps: test_step_compile.py.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,21 +18,6 @@ from lowprec.numerics.kernels import compile_check
 pytestmark = pytest.mark.compile
 
 _GPU = ("H200", "B200")
-
-
-@pytest.fixture(scope="module")
-def toolchain():
-  directory = os.environ.get("NUMERICS_COMPILE_TOOLCHAIN")
-  if directory:
-    if not os.path.isdir(directory):
-      pytest.fail(f"NUMERICS_COMPILE_TOOLCHAIN={directory!r} is not a directory")
-    return directory
-  why = compile_check.toolchain_missing()
-  if why is None:
-    return None
-  if os.environ.get("REQUIRE_COMPILE") == "1":
-    pytest.fail(why)
-  pytest.skip(why)
 
 
 def test_every_case_compiles_on_every_target_without_spills(toolchain):
@@ -135,11 +116,12 @@ def test_sharded_quantized_steps_compile_on_4_device_topologies(toolchain):
   partitioned"); the kernels now run per shard. A covering set, one child process: the
   TPU slice data-parallel and data x tensor-parallel, 4 H200s data x tensor-parallel
   (the other layouts and nvfp4: the slow test below). About 35 s on 2 cores."""
-  from experiments.benchmarks import sharded_step_compile  # pylint: disable=g-import-not-at-top
-  cases = [("mxfp8", "v5e:2x2", "data"), ("mxfp8", "v5e:2x2", "data_tensor"),
-           ("mxfp8", "h200x4", "data_tensor")]
-  results = sharded_step_compile.run_child(cases, toolchain=toolchain, timeout_s=900)
-  failed = [f"{r['recipe']} {r['topology']} {r['layout']}: {r['error']}"
+  from experiments.benchmarks import step_compile  # pylint: disable=g-import-not-at-top
+  cases = [step_compile.Case("mxfp8", "v5e:2x2", "data"),
+           step_compile.Case("mxfp8", "v5e:2x2", "data_tensor"),
+           step_compile.Case("mxfp8", "h200x4", "data_tensor")]
+  results = step_compile.run_child(cases, toolchain=toolchain, timeout_s=900)
+  failed = [f"{r['recipe']} {r['target']} {r['layout']}: {r['error']}"
             for r in results if not r["ok"]]
   assert not failed, "\n".join(failed)
   assert all(r["kernel_calls"] > 0 for r in results), results  # the kernels are there
@@ -151,11 +133,11 @@ def test_every_sharded_step_compiles_on_4_device_topologies(toolchain, request):
   and 4 H200s: 8 compiles, about 4.5 minutes on 2 cores (nvfp4: 30-70 s each)."""
   if "slow" not in (request.config.getoption("markexpr") or ""):
     pytest.skip("8 whole-step compiles; run with: pytest -m 'compile and slow'")
-  from experiments.benchmarks import sharded_step_compile  # pylint: disable=g-import-not-at-top
-  cases = [(r, t, l) for r in ("mxfp8", "nvfp4") for t in sharded_step_compile.TOPOLOGIES
-           for l in sharded_step_compile.LAYOUTS]
-  results = sharded_step_compile.run_child(cases, toolchain=toolchain, timeout_s=1800)
-  failed = [f"{r['recipe']} {r['topology']} {r['layout']}: {r['error']}"
+  from experiments.benchmarks import step_compile  # pylint: disable=g-import-not-at-top
+  cases = step_compile.product(["mxfp8", "nvfp4"], step_compile.SHARDED,
+                               step_compile.LAYOUTS, native=False)
+  results = step_compile.run_child(cases, toolchain=toolchain, timeout_s=1800)
+  failed = [f"{r['recipe']} {r['target']} {r['layout']}: {r['error']}"
             for r in results if not r["ok"]]
   assert not failed, "\n".join(failed)
   assert all(r["kernel_calls"] > 0 for r in results), results
