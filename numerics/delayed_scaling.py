@@ -64,25 +64,36 @@ def init_state(history_len: int) -> DelayedScalingState:
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "rounding"))
+def quantize(x: jax.Array, state: DelayedScalingState, fmt: str | formats_lib.Format, *,
+             rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
+             key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(codes, decode)``: float32 ``R(clip(x * s, -max, max))`` (values of ``fmt``,
+  exact) and the float32 scalar ``1 / s`` (correctly rounded) for the state's scale
+  ``s``. ``R`` is :func:`numerics.rounding.round_f32` to ``fmt`` with ``rounding`` (NaN
+  stays NaN). No gradient policy."""
+  f = formats_lib.get(fmt)
+  x = rounding_lib.check_float_input(x, "delayed_scaling.quantize").astype(jnp.float32)
+  scale = jnp.asarray(state.scale, jnp.float32)
+  scaled = jnp.clip(x * scale, -np.float32(f.max), np.float32(f.max))
+  rounding_lib.check_rounding_and_key(rounding, key, "delayed_scaling.quantize")
+  words = rounding.words(key, x.shape, shard_of=x)
+  q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words, saturate=True)
+  return q, float_bits.div_rn(np.float32(1.0), scale)
+
+
 def quantize_dequantize(x: jax.Array, state: DelayedScalingState,
                         fmt: str | formats_lib.Format, *,
                         rounding: rounding_lib.Rounding = rounding_lib.Nearest(),
                         key: jax.Array | None = None) -> jax.Array:
-  """float32 ``R(clip(x * s, -max, max)) * (1 / s)`` with the state's scale ``s``.
+  """float32 ``R(clip(x * s, -max, max)) * (1 / s)`` with the state's scale ``s``
+  (:func:`quantize`'s codes times its decode scale).
 
   ``R`` is :func:`numerics.rounding.round_f32` to ``fmt`` with ``rounding`` (NaN stays
   NaN). No gradient policy: callers (``numerics.qdot``) apply straight-through.
   """
-  f = formats_lib.get(fmt)
-  x = rounding_lib.check_float_input(x, "delayed_scaling.quantize_dequantize").astype(
-      jnp.float32)
-  scale = jnp.asarray(state.scale, jnp.float32)
-  scaled = jnp.clip(x * scale, -np.float32(f.max), np.float32(f.max))
-  rounding_lib.check_rounding_and_key(rounding, key,
-                                      "delayed_scaling.quantize_dequantize")
-  words = rounding.words(key, x.shape, shard_of=x)
-  q = rounding_lib.round_f32(scaled, f, rounding=rounding, words=words, saturate=True)
-  return q * float_bits.div_rn(np.float32(1.0), scale)
+  x = rounding_lib.check_float_input(x, "delayed_scaling.quantize_dequantize")
+  codes, decode = quantize(x, state, fmt, rounding=rounding, key=key)
+  return codes * decode
 
 
 def amax(x: jax.Array) -> jax.Array:

@@ -27,7 +27,10 @@ GEMM of the fully dequantized operands (each rounded once by its tensor scale), 
 result differs in the last float32 bits. The output takes ``preferred_element_type``
 if given, else lhs's dtype. A recipe that quantizes nothing is exactly a plain
 ``lax.dot_general`` of operands cast to the compute dtype (``fp32`` at
-``Precision.HIGHEST`` unless ``precision`` is given).
+``Precision.HIGHEST`` unless ``precision`` is given). A GEMM marked ``native``
+(:func:`numerics.recipes.with_native_gemm`) takes its operands' codes and scales in
+their storage types in programs lowered for ``cuda`` (:mod:`numerics.native_gemm`) and
+is this emulated GEMM, with the same bits, elsewhere.
 
 Inside ``jax.shard_map`` (data- or tensor-parallel): the custom VJP returns each
 operand's cotangent summed over the manual mesh axes it does not vary over itself (a
@@ -66,15 +69,9 @@ from jax import lax
 import numpy as np
 
 from lowprec.numerics import accumulation as accumulation_lib
-from lowprec.numerics import blockscale
-from lowprec.numerics import clipping
-from lowprec.numerics import delayed_scaling
 from lowprec.numerics import dge
-from lowprec.numerics import formats as formats_lib
-from lowprec.numerics import gradients
-from lowprec.numerics import hadamard as hadamard_lib
-from lowprec.numerics import kernels
-from lowprec.numerics import macro_scaling
+from lowprec.numerics import gemm_operands as operands_lib
+from lowprec.numerics import native_gemm
 from lowprec.numerics import qdot_state
 from lowprec.numerics import recipes as recipes_lib
 from lowprec.numerics import telemetry as telemetry_lib
@@ -86,6 +83,7 @@ DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]],
 State = qdot_state.State
 OperandSlots = qdot_state.OperandSlots
 init_state = qdot_state.init_state
+_Operand = operands_lib.Operand
 
 FORWARD, DGRAD, WGRAD = 0, 1, 2
 _COMPUTE = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
@@ -98,139 +96,49 @@ def _gemm_keys(key, gemm: int):
   return (jax.random.fold_in(k, 0), jax.random.fold_in(k, 1), jax.random.fold_in(k, 2))
 
 
-def _no_gradient_message(owner: str, what: str) -> str:
-  return (f"{owner} has no {what}: its NVFP4 operands enter the GEMMs as block-scaled "
-          f"values apart from their tensor scales (which the GEMM applies to its "
-          f"output, as NVFP4 hardware does), and that split is not differentiable. "
-          f"Differentiate it once (jax.grad), or use a recipe whose operands are "
-          f"straight-through fake quantizers (e.g. 'mxfp8', 'mxfp4')")
+# Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation,
+# (lhs, rhs) contraction axes).
+_FWD_MM = ("bmk,bkn->bmn", (0, 1, 2), (0, 1, 2), (-1, -2))
+_DGRAD_MM = ("bmn,bkn->bmk", (0, 1, 2), (0, 2, 1), (-1, -1))
+_WGRAD_MM = ("bmk,bmn->bkn", (0, 2, 1), (0, 1, 2), (-2, -2))
 
 
-def _quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
-                      contract_axis: int, free_axis: int, key, *,
-                      delayed: delayed_scaling.DelayedScalingState | None = None,
-                      telemetry: bool = False, owner: tuple[str, str] | None = None):
-  """(float32 GEMM operand, its telemetry or None, its amax or None, its tensor scale
-  or None).
-
-  The operand times its tensor scale (where not None) is the fake-quantized value:
-  NVFP4 operands come as block-scaled values (exact in bfloat16) and ``1/S_enc``
-  (:func:`numerics.kernels.quantize_dequantize_split`), and the GEMM applies the scale
-  to its output. ``x`` in float32 when ``op`` is None. Still multiplied by
-  ``op.prescale``: the GEMM divides the prescales out of its output, so the operands
-  it multiplies stay exact quantized values. ``delayed`` is the operand's state for
-  ``scaling="delayed"``, whose amax is returned for the state update. ``owner``:
-  (public function and recipe, what it has none of) for the error raised when an NVFP4
-  split operand is differentiated (a second derivative of the custom VJP).
-  """
-  x = x.astype(jnp.float32)
-  if op is None:
-    return x, None, None, None
-  key = key if op.rounding.needs_key else None
-  if op.prescale != 1.0:
-    x = x * np.float32(op.prescale)
-  if isinstance(op, recipes_lib.DelayedQuant):
-    if delayed is None:
-      raise ValueError("a delayed-scaling operand needs its state: use "
-                       "quantized_dot_general_with_state")
-    q = delayed_scaling.quantize_dequantize(x, delayed, op.fmt, rounding=op.rounding,
-                                            key=key)
-    tel = (telemetry_lib.scaled_telemetry(x, q, delayed.scale, op.fmt)
-           if telemetry else None)
-    return q, tel, delayed_scaling.amax(x), None
-  spec = op.spec(contract_axis, free_axis)
-  x_in = x
-  if op.clip == "rms":
-    x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
-  # The fused Pallas kernel on GPU/TPU where the spec allows (same bits), else jnp;
-  # the rule and its NUMERICS_KERNELS override: numerics.kernels.dispatch.
-  if op.macro_block is None:
-    split = lambda x, key: kernels.quantize_dequantize_split(x, spec, key=key)
-    if owner is not None and kernels.splits_tensor_scale(spec):
-      # Name the public function: the split's own error names an internal one.
-      split = gradients.not_differentiable(split, owner[0], "",
-                                           message=_no_gradient_message(*owner))
-    q, scale = split(x, key)
-    tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
-           if telemetry else None)
-    return q, tel, None, scale
-  fmt_max = float(formats_lib.get(op.fmt).max)
-  s = macro_scaling.macro_block_scales(
-      x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
-  q_in_macro = kernels.quantize_dequantize(x / s, spec, key=key)
-  q = q_in_macro * s
-  tel = None
-  if telemetry:
-    tel = telemetry_lib.spec_telemetry(x / s, q_in_macro, spec)
-    tel = tel._replace(sqnr_db=telemetry_lib.spec_telemetry(x_in, q, spec).sqnr_db)
-  return q, tel, None, None
-
-
-def _prescale(op: recipes_lib.OperandQuant | None) -> float:
-  return 1.0 if op is None else op.prescale
-
-
-def _compensate(out: jax.Array, *ops) -> jax.Array:
-  """Divides a GEMM output by its operands' static-clipping prescales."""
-  p = math.prod(_prescale(op) for op in ops)
-  return out if p == 1.0 else out / np.float32(p)
-
-
-def _hadamard_pair(a: jax.Array, b: jax.Array, axis_a: int, axis_b: int, block: int,
-                   key, random: bool) -> tuple[jax.Array, jax.Array]:
-  """Applies the same (random or fixed) Hadamard transform along the contraction axis
-  of both operands (zero-padded)."""
-  a = blockscale.pad_to_multiple(a, (axis_a,), (block,))
-  b = blockscale.pad_to_multiple(b, (axis_b,), (block,))
-  r = (hadamard_lib.random_hadamard_matrix(block, key=key) if random
-       else hadamard_lib.normalized_hadamard_matrix(block))
-  return (hadamard_lib.apply_blockwise(a, r, axis_a),
-          hadamard_lib.apply_blockwise(b, r, axis_b))
-
-
-def _gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, owner):
-  """((a_q, a telemetry, a amax, a tensor scale), (b_q, ...)) of the GEMM ``name``."""
-  a = a.astype(jnp.float32)
-  b = b.astype(jnp.float32)
-  if gemm.hadamard is not None:
-    a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0],
-                          gemm.hadamard_random)
-  return (_quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
-                            delayed=_delayed(delayed, name, "lhs"), owner=owner),
-          _quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,
-                            delayed=_delayed(delayed, name, "rhs"), owner=owner))
-
-
-def _delayed(delayed: qdot_state.OperandSlots | None, gemm: str, side: str):
-  """The operand's delayed-scaling state, or None."""
-  return None if delayed is None else getattr(delayed, qdot_state.slot(f"{gemm}/{side}"))
-
-
-# Each GEMM as (einsum, (lhs, rhs) transposes to [B, M, K] x [B, K, N] for emulation).
-_FWD_MM = ("bmk,bkn->bmn", (0, 1, 2), (0, 1, 2))
-_DGRAD_MM = ("bmn,bkn->bmk", (0, 1, 2), (0, 2, 1))
-_WGRAD_MM = ("bmk,bmn->bkn", (0, 2, 1), (0, 1, 2))
-
-
-def _mm(a, b, mm, compute_dtype: str,
-        accumulation: accumulation_lib.Accumulation | None, scales=(None, None)
-        ) -> jax.Array:
-  """The GEMM of two operands from :func:`_quantize_operand`, their tensor scales
-  (where not None) applied to the float32 output: ``acc * (s_a * s_b)``, as an NVFP4
-  tensor-core GEMM takes them (cuBLASLt's ``alpha``)."""
+def _emulated_mm(a, b, sa, sb, mm, compute_dtype: str,
+                 accumulation: accumulation_lib.Accumulation | None) -> jax.Array:
+  """The emulated GEMM of two operands' values, their tensor scales (where not None)
+  applied to the float32 output: ``acc * (s_a * s_b)``, as an NVFP4 tensor-core GEMM
+  takes them (cuBLASLt's ``alpha``)."""
   dtype = _COMPUTE[compute_dtype]
   a, b = a.astype(dtype), b.astype(dtype)
-  spec, perm_a, perm_b = mm
+  spec, perm_a, perm_b, _ = mm
   if accumulation is not None:
     out = accumulation_lib.emulated_matmul(jnp.transpose(a, perm_a),
                                            jnp.transpose(b, perm_b), accumulation)
   else:
     out = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
                      precision=lax.Precision.HIGHEST)
-  given = [s for s in scales if s is not None]
+  given = [s for s in (sa, sb) if s is not None]
   if not given:
     return out
   return out * (given[0] if len(given) == 1 else given[0] * given[1])
+
+
+def _mm(a: _Operand, b: _Operand, mm, recipe: recipes_lib.Recipe, gemm: int) -> jax.Array:
+  """GEMM ``gemm`` (:data:`FORWARD`, :data:`DGRAD`, :data:`WGRAD`) of two quantized
+  operands: emulated, or native where the GEMM is and the program runs on ``cuda``."""
+  g = recipe.gemms[gemm]
+  emulated = functools.partial(_emulated_mm, mm=mm, compute_dtype=recipe.compute_dtype,
+                               accumulation=g.accumulation)
+  if not g.native:
+    return emulated(a.q, b.q, a.scale, b.scale)
+  kind = native_gemm.pair_kind(*recipe.operand_pairs[gemm])
+  ca, cb = mm[3]
+  rows = a.q.shape[-2 if ca == -1 else -1]
+  cols = b.q.shape[-2 if cb == -1 else -1]
+  native = lambda an, bn: native_gemm.gemm(an, bn, ca, cb, rows, cols, kind)
+  what = f"recipe {recipe.name!r}, {recipes_lib.GEMM_NAMES[gemm]} GEMM"
+  return native_gemm.switch(native, (a.native, b.native), emulated,
+                            (a.q, b.q, a.scale, b.scale), what)
 
 
 # Axes of the canonical operands: X (B, M, K), W (B, K, N), dO (B, M, N).
@@ -239,12 +147,12 @@ _DO_DGRAD, _W_DGRAD = (-1, -2), (-1, -2)  # dgrad contracts N
 _X_WGRAD, _DO_WGRAD = (-2, -1), (-2, -1)  # wgrad contracts M (tokens)
 
 
-def _record(tel: dict, amaxes: dict, name: str, results) -> None:
-  for side, (_, t, amax, _) in zip(("lhs", "rhs"), results):
-    if t is not None:
-      tel[f"{name}/{side}"] = t
-    if amax is not None:
-      amaxes[f"{name}/{side}"] = amax
+def _record(tel: dict, amaxes: dict, name: str, results: tuple[_Operand, _Operand]) -> None:
+  for side, op in zip(("lhs", "rhs"), results):
+    if op.tel is not None:
+      tel[f"{name}/{side}"] = op.tel
+    if op.amax is not None:
+      amaxes[f"{name}/{side}"] = op.amax
 
 
 def _owner(recipe, api):
@@ -253,14 +161,18 @@ def _owner(recipe, api):
 
 def _forward(x, w, key, state, recipe, api):
   keys = _gemm_keys(key, FORWARD)
-  ops = _gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys, state.delayed,
-                       state.telemetry is not None, "forward", _owner(recipe, api))
-  (xq, _, _, xs), (wq, _, _, ws) = ops
+  # A forward weight that dgrad reuses natively needs its storage form here.
+  w_native = recipe.forward.native or (recipe.reuse_forward_weight
+                                       and recipe.dgrad.native)
+  ops = operands_lib.gemm_operands(x, w, recipe.forward, _X_FWD, _W_FWD, keys,
+                                   state.delayed, state.telemetry is not None, "forward",
+                                   _owner(recipe, api),
+                                   natives=(recipe.forward.native, w_native))
   tel, amaxes = {}, {}
   _record(tel, amaxes, "forward", ops)
-  out = _mm(xq, wq, _FWD_MM, recipe.compute_dtype, recipe.forward.accumulation, (xs, ws))
-  return (_compensate(out, recipe.forward.lhs, recipe.forward.rhs), tel, (wq, ws),
-          amaxes)
+  out = _mm(ops[0], ops[1], _FWD_MM, recipe, FORWARD)
+  return (operands_lib.compensate(out, recipe.forward.lhs, recipe.forward.rhs), tel,
+          ops[1]._replace(tel=None, amax=None), amaxes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -296,25 +208,25 @@ def _qmatmul_bwd(recipe, api, res, cotangents):
   owner = _owner(recipe, api)
   kd = _gemm_keys(key, DGRAD)
   if recipe.reuse_forward_weight:  # ALTO 1d2d: the forward-quantized W, as is
-    gres = _quantize_operand(g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
-                             delayed=_delayed(delayed, "dgrad", "lhs"), owner=owner)
-    ops = (gres, (wq_fwd[0], None, None, wq_fwd[1]))
+    gres = operands_lib.quantize_operand(
+        g, recipe.dgrad.lhs, *_DO_DGRAD, kd[1], telemetry=telemetry,
+        delayed=operands_lib.delayed_state(delayed, "dgrad", "lhs"), owner=owner,
+        native=recipe.dgrad.native)
+    ops = (gres, wq_fwd)
     w_op = recipe.forward.rhs
   else:
-    ops = _gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd, delayed, telemetry,
-                         "dgrad", owner)
+    ops = operands_lib.gemm_operands(g, w, recipe.dgrad, _DO_DGRAD, _W_DGRAD, kd, delayed,
+                                     telemetry, "dgrad", owner)
     w_op = recipe.dgrad.rhs
   _record(tel, amaxes, "dgrad", ops)
-  dx = _compensate(_mm(ops[0][0], ops[1][0], _DGRAD_MM, recipe.compute_dtype,
-                       recipe.dgrad.accumulation, (ops[0][3], ops[1][3])),
-                   recipe.dgrad.lhs, w_op)
+  dx = operands_lib.compensate(_mm(ops[0], ops[1], _DGRAD_MM, recipe, DGRAD),
+                               recipe.dgrad.lhs, w_op)
   kw = _gemm_keys(key, WGRAD)
-  ops = _gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw, delayed, telemetry,
-                       "wgrad", owner)
+  ops = operands_lib.gemm_operands(x, g, recipe.wgrad, _X_WGRAD, _DO_WGRAD, kw, delayed,
+                                   telemetry, "wgrad", owner)
   _record(tel, amaxes, "wgrad", ops)
-  dw = _compensate(_mm(ops[0][0], ops[1][0], _WGRAD_MM, recipe.compute_dtype,
-                       recipe.wgrad.accumulation, (ops[0][3], ops[1][3])),
-                   recipe.wgrad.lhs, recipe.wgrad.rhs)
+  dw = operands_lib.compensate(_mm(ops[0], ops[1], _WGRAD_MM, recipe, WGRAD),
+                               recipe.wgrad.lhs, recipe.wgrad.rhs)
   if recipe.dge_k is not None:
     dw = dw * _dge_factor(recipe, w)
   # The zero padding an RHT may add along M leaves dW's shape alone (M is contracted).
@@ -511,9 +423,9 @@ def forward_weight_quantizer(recipe: str | recipes_lib.Recipe
   def quantize(w: jax.Array) -> jax.Array:
     if w.ndim < 2:
       raise ValueError(f"weights must be [..., K, N], got shape {w.shape}")
-    q, _, _, scale = _quantize_operand(w, op, *_W_FWD, None,
-                                       owner=("forward_weight_quantizer", "gradient"))
-    q = q if scale is None else q * scale
-    return q if _prescale(op) == 1.0 else q / np.float32(op.prescale)
+    qw = operands_lib.quantize_operand(w, op, *_W_FWD, None,
+                           owner=("forward_weight_quantizer", "gradient"))
+    q = qw.q if qw.scale is None else qw.q * qw.scale
+    return q if operands_lib.prescale(op) == 1.0 else q / np.float32(op.prescale)
 
   return quantize

@@ -176,12 +176,11 @@ def _qdq(x: jax.Array, spec: QuantSpec, key) -> jax.Array:
   """float32 ``dequantize(quantize(x))`` (or the cast) with no gradient policy."""
   x32 = jnp.asarray(x).astype(jnp.float32)
   if spec.is_cast:
-    scale = (tensor_scale(x32, spec.fmt, amax_axis_name=spec.amax_axis_name)
-             if spec.tensorwise else None)
-    y = jax.lax.stop_gradient(rounding_lib.cast(
-        x32 if scale is None else x32 * scale, spec.fmt, rounding=spec.rounding,
-        saturate=spec.saturate, key=key))
-    return y if scale is None else y / scale
+    if spec.tensorwise:
+      y, scale = tensor_quantize(x32, spec, key=key)
+      return y / scale
+    return jax.lax.stop_gradient(rounding_lib.cast(
+        x32, spec.fmt, rounding=spec.rounding, saturate=spec.saturate, key=key))
   if spec.fmt == "nvfp4":
     return jax.lax.stop_gradient(blockscale.quantize_dequantize_nvfp4(
         x32, block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
@@ -204,6 +203,21 @@ def quantize_dequantize(x: jax.Array, spec: QuantSpec, *,
   x = rounding_lib.check_float_input(x, "quantizer.quantize_dequantize")
   _check_key(spec, key)
   return gradients.straight_through(lambda x, key: _qdq(x, spec, key), x, key)
+
+
+def tensor_quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array]:
+  """``(codes, scale)`` of a ``tensor``-scaled spec: float32 values of ``spec.fmt``
+  (exact), ``cast(x * scale)``, and the float32 scalar :func:`tensor_scale`; the
+  dequantized tensor is ``codes / scale``. No gradient (for callers that keep the codes
+  apart from the scale, e.g. a native FP8 GEMM)."""
+  if not spec.tensorwise:
+    raise ValueError(f"tensor_quantize needs scaling='tensor', got {spec.scaling!r}")
+  x32 = rounding_lib.check_float_input(x, "quantizer.tensor_quantize").astype(jnp.float32)
+  scale = tensor_scale(x32, spec.fmt, amax_axis_name=spec.amax_axis_name)
+  y = jax.lax.stop_gradient(rounding_lib.cast(
+      x32 * scale, spec.fmt, rounding=spec.rounding, saturate=spec.saturate, key=key))
+  return y, jax.lax.stop_gradient(scale)
 
 
 def tensor_scale(x: jax.Array, fmt: str, *,

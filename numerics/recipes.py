@@ -66,6 +66,7 @@ import dataclasses
 from lowprec.numerics import accumulation as accumulation_lib
 from lowprec.numerics import blockscale
 from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import native_gemm
 from lowprec.numerics import operand_quant
 from lowprec.numerics import rounding as rounding_lib
 # The operand quantizers live in numerics.operand_quant; recipes name them here too.
@@ -86,6 +87,10 @@ class GemmRecipe:
   the GEMM's key (the RHT of :mod:`numerics.hadamard`); False applies the fixed
   Sylvester matrix ``H_b / sqrt(b)`` (no key: arXiv 2605.09825's deterministic
   rotation).
+
+  ``native`` (default False) runs the GEMM on its operands' storage types where the
+  program is lowered for ``cuda`` (:mod:`numerics.native_gemm`; set it with
+  :func:`with_native_gemm`); elsewhere the emulated GEMM, with the same bits.
   """
 
   lhs: OperandQuant | None = None
@@ -93,6 +98,7 @@ class GemmRecipe:
   hadamard: int | None = None
   accumulation: accumulation_lib.Accumulation | None = None
   hadamard_random: bool = True
+  native: bool = False
 
   def __post_init__(self):
     for side in ("lhs", "rhs"):
@@ -103,8 +109,12 @@ class GemmRecipe:
     h = self.hadamard
     if h is not None and (not operand_quant.is_int(h) or h < 1 or h & (h - 1)):
       raise ValueError(f"hadamard must be a power of two (the RHT size), got {h!r}")
-    if not isinstance(self.hadamard_random, bool):
-      raise TypeError(f"hadamard_random must be a bool, got {self.hadamard_random!r}")
+    for name in ("hadamard_random", "native"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+    if self.native and self.accumulation is not None:
+      raise ValueError("a native GEMM accumulates in the hardware's own accumulator; "
+                       "an emulated accumulation cannot be native too")
     if self.accumulation is not None and not isinstance(
         self.accumulation, accumulation_lib.Accumulation):
       raise TypeError(f"accumulation must be a lowprec.numerics.accumulation.Accumulation, "
@@ -155,6 +165,11 @@ class Recipe:
     if self.compute_dtype == "bf16" and any(op.macro_block for op in ops):
       raise ValueError("macro-block scaled operands are not bf16-exact: use "
                        "compute_dtype='fp32'")
+    for name, (lhs, rhs) in zip(GEMM_NAMES, self.operand_pairs):
+      if getattr(self, name).native and native_gemm.pair_kind(lhs, rhs) is None:
+        raise ValueError(f"the {name} GEMM is native but its operands {_kinds(lhs, rhs)} "
+                         f"have no common native form (both per-tensor FP8, both MXFP8 "
+                         f"or both NVFP4: lowprec.numerics.native_gemm)")
     if self.dge_k is not None:
       w = self.forward.rhs
       if (not isinstance(w, MXQuant) or formats_lib.get(w.fmt).kind != "float"
@@ -168,6 +183,14 @@ class Recipe:
   @property
   def gemms(self) -> tuple[GemmRecipe, GemmRecipe, GemmRecipe]:
     return (self.forward, self.dgrad, self.wgrad)
+
+  @property
+  def operand_pairs(self) -> tuple[tuple[OperandQuant | None, OperandQuant | None], ...]:
+    """(lhs, rhs) quantizer of each GEMM as it runs: dgrad's rhs is the forward weight
+    quantizer when ``reuse_forward_weight``."""
+    dgrad_rhs = self.forward.rhs if self.reuse_forward_weight else self.dgrad.rhs
+    return ((self.forward.lhs, self.forward.rhs), (self.dgrad.lhs, dgrad_rhs),
+            (self.wgrad.lhs, self.wgrad.rhs))
 
   @property
   def quantized(self) -> bool:
@@ -187,6 +210,11 @@ class Recipe:
     return tuple(f"{name}/{side}" for name, g in zip(GEMM_NAMES, self.gemms)
                  for side in ("lhs", "rhs")
                  if isinstance(getattr(g, side), DelayedQuant))
+
+
+def _kinds(lhs: OperandQuant | None, rhs: OperandQuant | None) -> str:
+  name = lambda op: "unquantized" if op is None else type(op).__name__
+  return f"({name(lhs)}, {name(rhs)})"
 
 
 def _mx(fmt, rule, **kw):
@@ -293,6 +321,31 @@ def with_accumulation(recipe: str | Recipe,
   gemms = {name: dataclasses.replace(g, accumulation=accumulation)
            for name, g in (("forward", r.forward), ("dgrad", r.dgrad), ("wgrad", r.wgrad))}
   return dataclasses.replace(r, name=f"{r.name}+acc{accumulation.fraction_bits}", **gemms)
+
+
+def with_native_gemm(recipe: str | Recipe) -> Recipe:
+  """``recipe`` with every GEMM that has a native form marked ``native``: its operands
+  enter the GEMM in their storage types where the program is lowered for ``cuda``
+  (per-tensor FP8: ``f8 x f8 -> f32``; MXFP8 and NVFP4: :func:`jax.nn.scaled_matmul`),
+  the emulated GEMM elsewhere (same bits there; :mod:`numerics.native_gemm`). A GEMM
+  keeps the emulated form when its two operands are not both per-tensor FP8
+  (``e4m3``/``e5m2``), both MXFP8 (blocks of 32 along the contraction axis) or both
+  NVFP4, or when it emulates its accumulation.
+
+  Raises:
+    ValueError: no GEMM of ``recipe`` has a native form (e.g. ``bf16``, the MXFP4
+      recipes).
+  """
+  r = get(recipe)
+  gemms = {}
+  for name, g, (lhs, rhs) in zip(GEMM_NAMES, r.gemms, r.operand_pairs):
+    ok = native_gemm.pair_kind(lhs, rhs) is not None and g.accumulation is None
+    gemms[name] = dataclasses.replace(g, native=ok) if ok else g
+  if not any(g.native for g in gemms.values()):
+    raise ValueError(f"recipe {r.name!r} has no GEMM with a native form: a native GEMM "
+                     f"needs both operands per-tensor FP8 (e4m3/e5m2), both MXFP8 or both "
+                     f"NVFP4, and no emulated accumulation")
+  return dataclasses.replace(r, name=f"{r.name}+native", **gemms)
 
 
 def with_amax_axis_name(recipe: str | Recipe,

@@ -28,6 +28,12 @@ once ``--time_budget_s`` is spent):
    512, seq 128, batch 32; synthetic tokens, vocabulary 65) per recipe, with the
    kernels dispatched as on a user's machine, as a ratio to bf16; ``mxfp8 (jnp)`` is
    mxfp8 traced with ``kernels.implementation("jnp")``, and ``pallas_calls`` counts the kernels in the step.
+   ``<recipe> native`` is ``recipes.with_native_gemm(recipe)`` (each recipe with a
+   native GEMM: f8 x f8 or block-scaled GEMMs on a CUDA device, the emulated GEMM
+   elsewhere). Then ``native_vs_emulated``: ``--loss_steps`` training steps of each
+   such recipe from one initialization and one batch sequence, emulated and native: the
+   per-step losses and their largest and final differences (0 where the native GEMM is
+   the emulated one, e.g. on the CPU or a TPU).
 
 Timings: each call is dispatched ``--iters`` times back to back and the mean taken (so
 Python dispatch overlaps device work), the best of ``--repeats``; compare ratios.
@@ -326,24 +332,41 @@ def _lm_config(interpret: bool) -> dict:
   return dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, seq_len=128, batch=32)
 
 
-def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int) -> dict:
+_VOCAB = 65
+
+
+def _lm_step(recipe: str | recipes_lib.Recipe, cfg: dict):
+  """(jittable train step, its initial (params, opt_state), a token batch) of the LM."""
+  model = recipe_flag.quantized_model(transformer.DecoderLM(
+      transformer.TransformerConfig(vocab_size=_VOCAB, d_model=cfg["d_model"],
+                                    num_layers=cfg["num_layers"],
+                                    num_heads=cfg["num_heads"], d_ff=cfg["d_ff"],
+                                    max_len=cfg["seq_len"])), recipe)
+  tokens = jax.random.randint(jax.random.key(0), (cfg["batch"], cfg["seq_len"] + 1), 0,
+                              _VOCAB)
+  # Jitted: an eager init dispatches (and compiles) the forward op by op.
+  params = jax.jit(model.init)(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
+  opt = optax.adamw(1e-3)
+  return lm_train_step(model, opt), (params, opt.init(params["params"])), tokens
+
+
+def native_arms(recipes: list[str]) -> list[str]:
+  """The recipes among ``recipes`` that have a native GEMM (``with_native_gemm``)."""
+  out = []
+  for r in recipes:
+    try:
+      recipes_lib.with_native_gemm(r)
+    except ValueError:
+      continue
+    out.append(r)
+  return out
+
+
+def train_step_time(recipe: str | recipes_lib.Recipe, impl: str, cfg: dict, iters: int,
+                    repeats: int) -> dict:
   """Seconds per jitted LM train step under ``recipe``, its kernels traced as ``impl``."""
   with kernels.implementation(impl):
-    vocab = 65
-    model = recipe_flag.quantized_model(transformer.DecoderLM(
-        transformer.TransformerConfig(vocab_size=vocab, d_model=cfg["d_model"],
-                                      num_layers=cfg["num_layers"],
-                                      num_heads=cfg["num_heads"], d_ff=cfg["d_ff"],
-                                      max_len=cfg["seq_len"])), recipe)
-    tokens = jax.random.randint(jax.random.key(0), (cfg["batch"], cfg["seq_len"] + 1), 0,
-                                vocab)
-    # Jitted: an eager init dispatches (and compiles) the forward op by op.
-    params = jax.jit(model.init)(jax.random.key(1), tokens[:, :-1], jax.random.key(2))
-    opt = optax.adamw(1e-3)
-
-    step = lm_train_step(model, opt)
-
-    state = (params, opt.init(params["params"]))
+    step, state, tokens = _lm_step(recipe, cfg)
     key = jax.random.key(3)
     pallas_calls = count_primitive(jax.make_jaxpr(step)(state, tokens, key).jaxpr,
                                    "pallas_call")
@@ -356,14 +379,52 @@ def train_step_time(recipe: str, impl: str, cfg: dict, iters: int, repeats: int)
           "kernels": impl}
 
 
+def losses_over_steps(recipe: str | recipes_lib.Recipe, impl: str, cfg: dict,
+                      steps: int) -> list[float]:
+  """The LM's training loss at each of ``steps`` steps under ``recipe`` (one init, one
+  key sequence, a fresh token batch per step: the same for every recipe)."""
+  with kernels.implementation(impl):
+    step, state, _ = _lm_step(recipe, cfg)
+    jitted = jax.jit(step)
+    losses = []
+    for i in range(steps):
+      tokens = jax.random.randint(jax.random.key(100 + i),
+                                  (cfg["batch"], cfg["seq_len"] + 1), 0, _VOCAB)
+      state, loss = jitted(state, tokens, jax.random.key(1000 + i))
+      losses.append(float(loss))
+  return losses
+
+
+def run_native_vs_emulated(recipes: list[str], impl: str, cfg: dict, steps: int,
+                           clock: _Clock) -> dict:
+  """Per recipe with a native GEMM: ``steps`` losses emulated and native, and their
+  largest and final absolute differences."""
+  out = {"steps": steps, "recipes": {}, "skipped": []}
+  for r in native_arms(recipes):
+    if clock.left() <= 0:
+      out["skipped"].append(r)
+      continue
+    emulated = losses_over_steps(r, impl, cfg, steps)
+    native = losses_over_steps(recipes_lib.with_native_gemm(r), impl, cfg, steps)
+    diffs = [abs(a - b) for a, b in zip(emulated, native)]
+    out["recipes"][r] = {"emulated": emulated, "native": native,
+                         "max_abs_diff": max(diffs), "final_abs_diff": diffs[-1]}
+    print(f"native vs emulated {r:8s} final loss {emulated[-1]:.5f} vs {native[-1]:.5f} "
+          f"(max |diff| over {steps} steps {max(diffs):.2e})", flush=True)
+  return out
+
+
 def run_train(interpret: bool, recipes: list[str], clock: _Clock, iters: int,
               repeats: int) -> dict:
   cfg = _lm_config(interpret)
+  impl = "interpret" if interpret else "auto"
   arms = [("bf16", "bf16", "auto")]
-  arms += [(r, r, "interpret" if interpret else "auto") for r in recipes if r != "bf16"]
+  arms += [(r, r, impl) for r in recipes if r != "bf16"]
   if "mxfp8" in recipes:
     arms.append(("mxfp8 (jnp)", "mxfp8", "jnp"))
-  out = {"config": cfg, "vocab": 65, "recipes": {}, "skipped": []}
+  arms += [(f"{r} native", recipes_lib.with_native_gemm(r), impl)
+           for r in native_arms(recipes)]
+  out = {"config": cfg, "vocab": _VOCAB, "recipes": {}, "skipped": []}
   base = None
   for label, recipe, impl in arms:
     if clock.left() <= 0:
@@ -377,6 +438,10 @@ def run_train(interpret: bool, recipes: list[str], clock: _Clock, iters: int,
           f"({rec['pallas_calls']} pallas_calls, compile {rec['compile_s']:.1f} s)",
           flush=True)
   return out
+
+
+def _loss_steps(interpret: bool) -> int:
+  return 3 if interpret else flags.FLAGS.loss_steps
 
 
 def define_flags() -> None:
@@ -401,12 +466,18 @@ def define_flags() -> None:
   flags.DEFINE_float("time_budget_s", 450.0,
                      "skip remaining stages after this many seconds")
   flags.DEFINE_float("test_timeout_s", 240.0, "correctness stage timeout")
+  flags.DEFINE_integer("loss_steps", 50, "training steps of the native-vs-emulated "
+                       "loss comparison (the CPU smoke run takes 3)")
   flags.DEFINE_string("tests", "", "pytest -k expression: the correctness stage's "
                       f"tests of {_KERNEL_TESTS} (default: all)")
 
 
 def main(argv):
   del argv
+  if flags.FLAGS.loss_steps < 1:
+    print(f"error: --loss_steps must be >= 1, got {flags.FLAGS.loss_steps}",
+          file=sys.stderr)
+    return 2
   unknown = sorted(set(flags.FLAGS.kernels) - set(bandwidth_cases(1)))
   if unknown:  # before the correctness stage spends minutes
     print(f"error: unknown --kernels {unknown}; known: {sorted(bandwidth_cases(1))}",
@@ -443,6 +514,12 @@ def main(argv):
   else:
     report["train_step"] = run_train(interpret, list(flags.FLAGS.recipes), clock, iters,
                                       repeats)
+  if flags.FLAGS.skip_train or clock.left() <= 0:
+    report["skipped"].append("native_vs_emulated")
+  else:
+    report["native_vs_emulated"] = run_native_vs_emulated(
+        list(flags.FLAGS.recipes), "interpret" if interpret else "auto",
+        _lm_config(interpret), _loss_steps(interpret), clock)
   report["elapsed_s"] = clock.elapsed()
   with open(flags.FLAGS.out, "w") as f:
     json.dump(report, f, indent=2, sort_keys=True)

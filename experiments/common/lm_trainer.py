@@ -86,6 +86,10 @@ class LMConfig:
   numerics_telemetry: bool = config_field(
       False, "Log each quantized GEMM operand's saturated / flushed / scale-clamped "
       "fractions and SQNR under numerics/<layer>/... (costs extra passes).")
+  native_gemm: bool = config_field(
+      False, "Run the recipe's GEMMs on their operands' storage types where the program "
+      "runs on a CUDA GPU (numerics.recipes.with_native_gemm: fp8, fp8_delayed, mxfp8, "
+      "nvfp4); elsewhere the emulated GEMMs, with the same bits.")
 
   def __post_init__(self):
     check_fields(self)  # every field in its declared domain
@@ -98,6 +102,11 @@ class LMConfig:
     if self.warmup_steps >= self.num_steps:
       raise ValueError(f"warmup_steps must be below num_steps ({self.num_steps}), got "
                        f"{self.warmup_steps}")
+    if self.native_gemm:
+      try:
+        recipes_lib.with_native_gemm(self.model_recipe())
+      except ValueError as e:
+        raise ValueError(f"--native_gemm: {e}") from None
 
   def warmup(self) -> int:
     """The warmup steps: ``warmup_steps``, or a tenth of ``num_steps`` when it is -1."""
@@ -189,6 +198,8 @@ def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
   next-token loss, summed over layers; ``aux`` holds the accuracy, each sown loss and
   metric (mean over layers) and the numerics telemetry."""
   recipe = recipes_lib.get(config.model_recipe())
+  if config.native_gemm:
+    recipe = recipes_lib.with_native_gemm(recipe)
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(vocab_size)),
       config.model_rules(recipe), telemetry=config.numerics_telemetry)

@@ -63,7 +63,8 @@ SCALE_RULES = ("none",) + tuple(mx_scales.SCALE_RULES) + (mx_scales.QWIX_RULE,)
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig)
                      if f.name not in ("recipe", "eval_every", "eval_batches", "log_every",
                                        "checkpoint_every", "histogram_every",
-                                       "progress_every_s", "numerics_telemetry"))
+                                       "progress_every_s", "numerics_telemetry",
+                                       "native_gemm"))
 
 
 @dataclasses.dataclass(frozen=True)

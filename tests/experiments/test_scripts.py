@@ -65,10 +65,17 @@ def test_kernel_check_smoke_runs_every_stage(tmp_path):
   assert report["bandwidth"]["copy_gb_per_s"] > 0
   assert report["matmul"]["mx_matmul e4m3 x e4m3"]["tflop_per_s"] > 0
   steps = report["train_step"]["recipes"]
-  assert list(steps) == ["bf16", "mxfp8", "mxfp8 (jnp)"]
+  assert list(steps) == ["bf16", "mxfp8", "mxfp8 (jnp)", "mxfp8 native"]
   assert report["train_step"]["skipped"] == []
   assert steps["mxfp8"]["pallas_calls"] > 0 and steps["mxfp8 (jnp)"]["pallas_calls"] == 0
   assert all(step["ms"] > 0 for step in steps.values())
+  # Issue 53 item 5: emulated against native losses; on the CPU the native recipe runs
+  # the emulated GEMMs, so the two trainings agree exactly.
+  native = report["native_vs_emulated"]
+  assert native["steps"] == 3 and native["skipped"] == []
+  mx = native["recipes"]["mxfp8"]
+  assert len(mx["emulated"]) == 3 and mx["emulated"] == mx["native"]
+  assert mx["max_abs_diff"] == 0.0 and mx["emulated"][0] > 0
 
 
 def test_kernel_check_sets_measured_beside_the_roofline_estimate():

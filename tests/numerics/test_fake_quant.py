@@ -94,6 +94,10 @@ def _public_quantizers():
       "delayed_scaling.quantize_dequantize":
           lambda x: delayed_scaling.quantize_dequantize(
               x, delayed_scaling.init_state(4), "e4m3"),
+      "delayed_scaling.quantize": lambda x: delayed_scaling.quantize(
+          x, delayed_scaling.init_state(4), "e4m3"),
+      "quantizer.tensor_quantize": lambda x: fq.tensor_quantize(
+          x, fq.QuantSpec(fmt="e4m3", scaling="tensor")),
       "codebooks.encode": lambda x: codebooks.encode(x, "nf4"),
       "codebooks.quantize_blocks": lambda x: codebooks.quantize_blocks(x, "nf4"),
   }

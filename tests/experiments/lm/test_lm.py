@@ -171,3 +171,20 @@ def test_default_warmup_is_a_tenth_of_the_steps_so_short_runs_work():
   assert lm.LMConfig(num_steps=100, warmup_steps=7).warmup() == 7
   with pytest.raises(ValueError, match="warmup_steps must be below num_steps"):
     lm.LMConfig(num_steps=100, warmup_steps=100)
+
+
+def test_native_gemm_flag_trains_the_native_recipe_with_the_emulated_bits(tmp_path):
+  """Issue 53 item 1: --native_gemm runs recipes.with_native_gemm(recipe); on the CPU
+  its GEMMs are the emulated ones, so the run's metrics equal the plain recipe's; a
+  recipe without a native GEMM is refused before training, naming the flag."""
+  from experiments.common import lm_trainer  # pylint: disable=g-import-not-at-top
+  config = dataclasses.replace(TINY, recipe="mxfp8", num_steps=3, warmup_steps=1,
+                               eval_every=3, log_every=1, checkpoint_every=0,
+                               histogram_every=0)
+  native = dataclasses.replace(config, native_gemm=True)
+  assert lm_trainer.build_lm(native, 16).recipe.name == "mxfp8+native"
+  assert (_run(tmp_path / "native", native)["metrics"]
+          == _run(tmp_path / "emulated", config)["metrics"])
+  with pytest.raises(ValueError, match=r"--native_gemm: recipe 'bf16' has no GEMM with "
+                                       r"a native form"):
+    dataclasses.replace(TINY, native_gemm=True)
