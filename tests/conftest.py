@@ -3,8 +3,10 @@
 per worker; the files that hold a worker longest go first, so none of them is the tail
 of the run while the other workers sit idle."""
 
-# Each holds one worker for a minute or more (the compile check about three).
-_LONGEST_FIRST = ("tests/numerics/kernels/test_compile.py", "tests/test_readme.py",
+# Each holds one worker for a minute or more (the whole-step compiles about four, the
+# kernel compile check about three).
+_LONGEST_FIRST = ("tests/numerics/kernels/test_step_compile.py",
+                  "tests/numerics/kernels/test_compile.py", "tests/test_readme.py",
                   "tests/experiments/test_scripts.py")
 
 

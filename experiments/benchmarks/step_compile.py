@@ -32,6 +32,7 @@ it builds the LM.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import subprocess
@@ -130,8 +131,10 @@ def _param_spec(path, leaf, layout: str):
 _KERNEL_CALLS = ("tpu_custom_call", "__gpu$xla.gpu.triton")  # Pallas' Mosaic and Triton
 
 
-def _costs(compiled, text: str) -> dict:
-  """FLOPs and bytes of a compiled program: XLA's cost analysis plus its custom calls.
+def _costs(compiled, gemms, calls) -> dict:
+  """FLOPs and bytes of a compiled program: XLA's cost analysis plus its custom calls
+  (``gemms`` and ``calls``: :func:`hlo_program.gemms` and :func:`hlo_program.custom_calls`
+  of its text).
 
   The TPU compiler fills ``cost_analysis()``; the GPU one returns nothing deviceless,
   so the optimized GPU module goes through XLA's generic HLO cost analysis (fusions and
@@ -141,8 +144,7 @@ def _costs(compiled, text: str) -> dict:
   (:mod:`numerics.kernels.hlo_program`); other custom calls (the TPU's gather
   annotations) are left out. A loop's body counts once."""
   from lowprec.numerics.kernels import hlo_program  # pylint: disable=g-import-not-at-top
-  analysis, source = compiled.cost_analysis(), "XLA cost analysis"
-  calls = hlo_program.custom_calls(text)
+  analysis, source = compiled.cost_analysis(), "cost_analysis()"
   undo = 0
   if not analysis:
     import jax  # pylint: disable=g-import-not-at-top
@@ -150,7 +152,7 @@ def _costs(compiled, text: str) -> dict:
     module = compiled.runtime_executable().hlo_modules()[0]
     analysis = xla_client._xla.hlo_module_cost_analysis(  # pylint: disable=protected-access
         jax.extend.backend.get_backend("cpu"), module)
-    source, undo = "XLA's generic HLO cost analysis of the optimized module", len(calls)
+    source, undo = "generic HLO cost analysis", len(calls)
   if isinstance(analysis, list):
     analysis = analysis[0] if analysis else {}
   xla_flops = float(analysis.get("flops") or 0.0) + undo
@@ -159,11 +161,31 @@ def _costs(compiled, text: str) -> dict:
                      if c.target in _KERNEL_CALLS)
   call_bytes = sum(c.operand_bytes + c.result_bytes for c in calls
                    if hlo_program.is_gemm_call(c.target))
-  call_flops = sum(g.flops or 0.0 for g in hlo_program.gemms(text) if g.op == "custom-call")
+  call_flops = sum(g.flops or 0.0 for g in gemms if g.op == "custom-call")
   return dict(xla_flops=xla_flops, xla_bytes=xla_bytes, kernel_bytes=kernel_bytes,
               library_call_bytes=call_bytes, library_call_flops=call_flops,
               flops=xla_flops + call_flops, bytes=xla_bytes + kernel_bytes + call_bytes,
               cost_source=source)
+
+
+def _abstract_args(model, opt, mesh, layout: str, size: Size):
+  """``(state, tokens, key)`` of the step as ShapeDtypeStructs placed on ``mesh``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import qtrain_step  # pylint: disable=g-import-not-at-top
+
+  def abstract(spec_of, tree):
+    return jax.tree_util.tree_map_with_path(lambda p, a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=NamedSharding(mesh, spec_of(p, a))), tree)
+
+  batch = size.batch * mesh.devices.size
+  state = jax.eval_shape(lambda: qtrain_step.lm_train_state(
+      model, opt, jnp.zeros((batch, size.seq_len), jnp.int32), jax.random.key(1)))
+  return (abstract(lambda p, a: _param_spec(p, a, layout), state),
+          abstract(lambda p, a: P("data"),
+                   jax.ShapeDtypeStruct((batch, size.seq_len + 1), jnp.int32)),
+          abstract(lambda p, a: P(), jax.eval_shape(lambda: jax.random.key(0))))
 
 
 def compile_step(case: Case, size: Size) -> dict:
@@ -171,10 +193,9 @@ def compile_step(case: Case, size: Size) -> dict:
   ``{ok, seconds, cpu_s, trace_s, lower_s, error, kernel_calls, gemms, narrow_gemms,
   flops, bytes, ...}`` (:func:`_costs`)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import qtrain_step  # pylint: disable=g-import-not-at-top
   from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
   from lowprec.models import transformer  # pylint: disable=g-import-not-at-top
@@ -196,26 +217,14 @@ def compile_step(case: Case, size: Size) -> dict:
       num_heads=size.num_heads, d_ff=size.d_ff, max_len=size.seq_len)
   model = recipe_flag.quantized_model(transformer.DecoderLM(cfg), recipe)
   opt = optax.adamw(1e-3)
-  batch = size.batch * len(devices)
-
-  def abstract(spec_of, tree):
-    return jax.tree_util.tree_map_with_path(lambda p, a: jax.ShapeDtypeStruct(
-        a.shape, a.dtype, sharding=NamedSharding(mesh, spec_of(p, a))), tree)
-
-  state = abstract(lambda p, a: _param_spec(p, a, case.layout), jax.eval_shape(
-      lambda: qtrain_step.lm_train_state(model, opt, jnp.zeros((batch, size.seq_len),
-                                                                jnp.int32),
-                                         jax.random.key(1))))
-  tokens = abstract(lambda p, a: P("data"),
-                    jax.ShapeDtypeStruct((batch, size.seq_len + 1), jnp.int32))
-  key = abstract(lambda p, a: P(), jax.eval_shape(lambda: jax.random.key(0)))
+  args = _abstract_args(model, opt, mesh, case.layout, size)
   step = qtrain_step.lm_train_step(model, opt)
 
   t0, cpu0 = time.perf_counter(), time.process_time()
   stages = {}
   try:
     with kernels.implementation("pallas"):
-      traced = jax.jit(step).trace(state, tokens, key)
+      traced = jax.jit(step).trace(*args)
       stages["trace_s"] = time.perf_counter() - t0
       lowered = traced.lower()
       stages["lower_s"] = time.perf_counter() - t0 - stages["trace_s"]
@@ -223,14 +232,16 @@ def compile_step(case: Case, size: Size) -> dict:
   except Exception as e:  # pylint: disable=broad-except  (reported, not hidden)
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return dict(ok=False, seconds=time.perf_counter() - t0,
+                cpu_s=time.process_time() - cpu0, **stages,
                 error=f"{type(e).__name__}: {first}"[:400], kernel_calls=0, gemms={},
-                narrow_gemms=0, flops=None, bytes=None, cpu_s=time.process_time() - cpu0, **stages)
+                narrow_gemms=0, flops=None, bytes=None)
   seconds, stages["cpu_s"] = time.perf_counter() - t0, time.process_time() - cpu0
   text = compiled.as_text()
-  calls = sum(c.target in _KERNEL_CALLS for c in hlo_program.custom_calls(text))
-  return dict(ok=True, seconds=seconds, error=None, kernel_calls=calls, **stages,
-              gemms=hlo_program.summary(text),
-              narrow_gemms=len(hlo_program.narrow_gemms(text)), **_costs(compiled, text))
+  gemms, calls = hlo_program.gemms(text), hlo_program.custom_calls(text)
+  return dict(ok=True, seconds=seconds, error=None, **stages,
+              kernel_calls=sum(c.target in _KERNEL_CALLS for c in calls),
+              gemms=hlo_program.summary(gemms), narrow_gemms=sum(g.narrow for g in gemms),
+              **_costs(compiled, gemms, calls))
 
 
 def run_child(cases: Sequence[Case], *, toolchain: str | None, size: str = "ci",
@@ -323,7 +334,14 @@ def main(argv: Sequence[str]) -> int:
   t0 = time.perf_counter()
   results = run_child(product(recipes, f.targets, f.layouts, f.native),
                       toolchain=f.toolchain, size=f.size)
-  print(f"{len(results)} compiles in {time.perf_counter() - t0:.0f} s (size {f.size}: "
+  import jax  # pylint: disable=g-import-not-at-top
+  report = dict(  # the toolchain's path is this machine's, not part of the command
+      command=" ".join(["python -m experiments.benchmarks.step_compile"] + [
+          "--toolchain=DIR" if a.startswith("--toolchain=") else a for a in sys.argv[1:]]),
+      jax=jax.__version__, date=datetime.date.today().isoformat(),
+      seconds=time.perf_counter() - t0, size=dataclasses.asdict(SIZES[f.size]),
+      results=results)
+  print(f"{len(results)} compiles in {report['seconds']:.0f} s (size {f.size}: "
         f"{SIZES[f.size]})\n")
   print("| recipe | target | layout | compiles | kernel calls | narrow GEMMs | seconds |")
   print("|---|---|---|---|---|---|---|")
@@ -333,12 +351,11 @@ def main(argv: Sequence[str]) -> int:
           f"{r['kernel_calls']} | {r['narrow_gemms']} | {r['seconds']:.1f} |")
   if f.json:
     with open(f.json, "w") as out:
-      json.dump({"size": dataclasses.asdict(SIZES[f.size]), "results": results}, out,
-                indent=1)
+      json.dump(report, out, indent=1)
   if f.costs:
     from experiments.benchmarks import step_costs  # pylint: disable=g-import-not-at-top
-    step_costs.write(f.costs, results, size=SIZES[f.size], command=" ".join(
-        ["python -m experiments.benchmarks.step_compile"] + sys.argv[1:]))
+    with open(f.costs, "w") as out:
+      out.write(step_costs.markdown(report))
   return 0 if all(r["ok"] for r in results) else 1
 
 

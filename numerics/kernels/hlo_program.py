@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import re
+from typing import Sequence
 
 _DOT_OPS = ("dot", "scaled-dot", "convolution")
 _GEMM_CALL = re.compile(r"^__cublas\$(gemm|lt\$matmul|lt\$groupedMatmul)|"
@@ -226,10 +227,11 @@ def narrow_gemms(hlo_text: str) -> list[Gemm]:
   return [g for g in gemms(hlo_text) if g.narrow]
 
 
-def summary(hlo_text: str) -> dict[str, int]:
-  """``{"<lhs> x <rhs> -> <out> <op or target>": count}`` over the GEMMs."""
+def summary(program: str | Sequence[Gemm]) -> dict[str, int]:
+  """``{"<lhs> x <rhs> -> <out> <op or target>": count}`` over the GEMMs of an HLO
+  text (or of the list :func:`gemms` returned)."""
   counts: dict[str, int] = {}
-  for g in gemms(hlo_text):
+  for g in gemms(program) if isinstance(program, str) else program:
     key = f"{' x '.join(g.operand_types[:2])} -> {g.out_type} {g.target or g.op}"
     counts[key] = counts.get(key, 0) + 1
   return dict(sorted(counts.items()))
