@@ -21,12 +21,13 @@ toolchain and environment of :mod:`numerics.kernels.compile_check`) for
   rows over ``model``, Megatron-style).
 
 ``--native`` adds each recipe's ``recipes.with_native_gemm`` variant (where the recipe
-has one). Per compile: seconds, the kernel calls, the GEMMs and their operand types
-(:mod:`numerics.kernels.hlo_program`), XLA's cost analysis (FLOPs, bytes accessed) and
-the roofline estimate ``max(FLOPs / bf16 peak, bytes / HBM bandwidth)`` with
-``compile_check.TARGETS``' figures. ``--costs=FILE`` writes those as a markdown table
-per target (:mod:`experiments.benchmarks.step_costs`). It lives in experiments/ because
-it builds the LM.
+has one). Per compile: seconds (wall, CPU, trace, lowering), the kernel calls, the
+GEMMs and their operand types (:mod:`numerics.kernels.hlo_program`), and FLOPs and
+bytes (XLA's cost analysis plus the kernel calls', :func:`_costs`). ``--costs=FILE``
+writes the roofline estimate per recipe and target, ``max(FLOPs / bf16 peak, bytes /
+HBM bandwidth)`` with ``compile_check.TARGETS``' figures, as markdown
+(:mod:`experiments.benchmarks.step_costs`). It lives in experiments/ because it builds
+the LM.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from absl import app
 from absl import flags
 
 from experiments.common.config_flags import parse_flags
+from lowprec.numerics.kernels import compile_check
 
-SINGLE = ("H200", "B200", "v5e", "v6e")  # compile_check.TARGETS' names
+SINGLE = tuple(t.name for t in compile_check.TARGETS)  # H200, B200, v5e, v6e
 SHARDED = ("v5e:2x2", "h200x4")
 TARGETS = SINGLE + SHARDED
 LAYOUTS = ("data", "data_tensor")  # of the sharded targets; one device: "single"
@@ -66,8 +68,8 @@ class Size:
   vocab_size: int = 64
 
 
-# "ci": what the compile tests build (a few seconds per compile); "table": the cost
-# table's, large enough that the GEMMs are not a rounding error of the step.
+# "ci": what the compile tests build (1-30 CPU seconds a compile); "table": the cost
+# table's, nearer a real step (a TPU compile of it takes minutes).
 SIZES = {"ci": Size(d_model=64, num_layers=1, d_ff=256, seq_len=32, batch=4),
          "table": Size(d_model=512, num_layers=2, d_ff=2048, seq_len=256, batch=8,
                        num_heads=4, vocab_size=256)}
@@ -103,7 +105,6 @@ def native_recipes(names: Sequence[str]) -> list[str]:
 
 def _devices(target: str):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  from lowprec.numerics.kernels import compile_check  # pylint: disable=g-import-not-at-top
   if target in SINGLE:
     return [compile_check.target_device(
         next(t for t in compile_check.TARGETS if t.name == target))]
@@ -249,7 +250,6 @@ def run_child(cases: Sequence[Case], *, toolchain: str | None, size: str = "ci",
   """Compiles ``cases`` in one child process (the compile toolchain's environment,
   :func:`numerics.kernels.compile_check._child_env`); one dict per case: the case's
   fields and :func:`compile_step`'s."""
-  from lowprec.numerics.kernels import compile_check  # pylint: disable=g-import-not-at-top
   env = compile_check._child_env(toolchain)  # pylint: disable=protected-access
   # The kernel check fails a kernel that spills registers; a whole step also holds
   # XLA's own fusions, which XLA compiles with a spill where it must (fp8_delayed's amax
@@ -318,7 +318,6 @@ def main(argv: Sequence[str]) -> int:
   if f.child:
     return _child_main(f)
   from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
-  from lowprec.numerics.kernels import compile_check  # pylint: disable=g-import-not-at-top
   recipes = f.recipes if f.recipes is not None else list(recipe_flag.available_recipes())
   for name, given, known in (("--targets", f.targets, TARGETS),
                              ("--layouts", f.layouts, LAYOUTS),
