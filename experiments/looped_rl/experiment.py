@@ -299,7 +299,8 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
 
     result = run_loop(start=start, train_step=rl_step, batch_at=batch_at,
                       settings=run.settings(n), writer=run.writer,
-                      checkpointer=run.checkpointer, evaluate=evaluate)
+                      checkpointer=run.checkpointer,
+                      evaluate=lambda state: evaluate(state.params))
     done = result.snapshot.step
     s = jax.device_get(result.snapshot.state)
     last = max(1, n // 4)

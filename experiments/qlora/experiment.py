@@ -74,7 +74,8 @@ from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common import lm_trainer
-from experiments.common.train_loop import init_train_state, make_train_step, run_loop
+from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
+                                            run_loop, without_quant_state)
 from lowprec import models
 from lowprec.models import lora
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
@@ -405,8 +406,9 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
     eval_data = _eval_data(config, corpus)
     evaluations: list[dict[str, float]] = []
 
-    def evaluate(trainable) -> dict[str, float]:
-      results = jax.device_get([eval_step(trainable, setup.frozen, b) for b in eval_data])
+    def evaluate(state: TrainState) -> dict[str, float]:
+      results = jax.device_get([eval_step(state.params, setup.frozen, b)
+                                for b in eval_data])
       loss = float(np.mean([r[0] for r in results]))
       out = {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
              "bits_per_char": loss / math.log(2.0)}
@@ -423,7 +425,8 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
     settings = run.settings(config.num_steps,
                             max_healthy_loss=3 * math.log(corpus.vocab.size))
     t0 = time.time()
-    result = run_loop(start=start, train_step=make_train_step(setup.loss_fn, optimizer),
+    train_step = make_train_step(without_quant_state(setup.loss_fn), optimizer)
+    result = run_loop(start=start, train_step=train_step,
                       batch_at=batch_at, settings=settings, writer=run.writer,
                       checkpointer=run.checkpointer, evaluate=evaluate)
     metrics = {**{f"train/{k}": v for k, v in result.train_metrics.items()},

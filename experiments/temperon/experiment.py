@@ -323,8 +323,8 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
   test_batch = {"images": jnp.asarray(test_images), "labels": jnp.asarray(test_labels)}
   eval_fn = jax.jit(loss_fn)
 
-  def evaluate(params) -> dict[str, float]:
-    loss, accuracy = jax.device_get(eval_fn(params, test_batch))
+  def evaluate(state: TrainState) -> dict[str, float]:
+    loss, accuracy = jax.device_get(eval_fn(state.params, test_batch))
     return {"loss": float(loss), "accuracy": float(accuracy), "error": 1.0 - float(accuracy)}
 
   def batch_at(position: int):
