@@ -33,7 +33,7 @@ from experiments.common.config_flags import (SEED_DOMAIN, ConfigError, check_fie
 from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
-                                           run_loop)
+                                           periodic_field, run_loop)
 from experiments.common.weight_inspection import make_inspector
 from lowprec.models import quantization
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
@@ -71,18 +71,13 @@ class LMConfig:
   beta2: float = config_field(0.95, "AdamW second-moment decay.", domain="[0, 1)")
   grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).",
                                   domain="[0, inf)")
-  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).",
-                                 domain="[0, inf)")
+  eval_every: int = periodic_field("eval_every", 200)
   eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).",
                                    domain="[1, inf)")
-  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.",
-                                domain="[0, inf)")
-  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).",
-                                       domain="[0, inf)")
-  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.",
-                                      domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
-                                         domain="(0, inf)")
+  log_every: int = periodic_field("log_every", 25)
+  checkpoint_every: int = periodic_field("checkpoint_every", 300)
+  histogram_every: int = periodic_field("histogram_every", 300)
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
   numerics_telemetry: bool = config_field(
       False, "Log each quantized GEMM operand's saturated / flushed / scale-clamped "
       "fractions and SQNR under numerics/<layer>/... (costs extra passes).")

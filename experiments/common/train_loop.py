@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import config_flags
 from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.preemption import PreemptionWatcher
@@ -123,6 +124,58 @@ class LoopSettings:
                  "stop_at_step"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+# The loop's periodic settings. A config declares each with periodic_field (one flag per
+# field, as every config field), and experiments.common.run.Run.settings reads them.
+PERIODIC = ("log_every", "eval_every", "checkpoint_every", "histogram_every",
+            "progress_every_s")
+_LOOP_SETTING = "loop_setting"  # the field metadata key periodic_field marks
+# name -> (its help's sentence, the fixed points its action also runs at)
+_PERIODIC_HELP = {
+    "log_every": ("Write train metrics every N {unit}s and at the end", "at the end"),
+    "eval_every": ("Evaluate every N {unit}s, at {unit} 0 and at the end",
+                   "at {unit} 0 and at the end"),
+    "checkpoint_every": ("Checkpoint every N {unit}s and at the end", "at the end"),
+    "histogram_every": ("Weight / quantization-error histograms every N {unit}s, at "
+                        "{unit} 0 and at the end", "at {unit} 0 and at the end"),
+}
+
+
+def periodic_field(name: str, default: float, *, unit: str = "step",
+                   domain: str | None = None) -> Any:
+  """The config field of the loop setting ``name`` (one of :data:`PERIODIC`): this
+  paper's ``default``, with the help text and domain every experiment shares (a step
+  count in ``[0, inf)``, 0 leaving the action to its fixed points; ``progress_every_s``:
+  seconds in ``(0, inf)``). ``unit`` is what the paper's loop calls a step
+  (``"update"`` for RL); ``domain`` replaces the shared one where the paper needs the
+  action periodically, e.g. ``"[1, inf)"``."""
+  if name not in PERIODIC:
+    raise ValueError(f"{name!r} is not a loop setting; expected one of {PERIODIC}")
+  if name == "progress_every_s":
+    text, domain = "Seconds between progress log lines.", domain or "(0, inf)"
+  else:
+    domain = domain or "[0, inf)"
+    sentence, fixed = (t.format(unit=unit) for t in _PERIODIC_HELP[name])
+    text = sentence + (f" (0: only {fixed})." if config_flags.in_domain(0, domain)
+                       else ".")
+  field = config_flags.config_field(default, text, domain=domain)
+  return dataclasses.field(default=field.default,
+                           metadata={**field.metadata, _LOOP_SETTING: name})
+
+
+def periodic_settings(config: Any) -> dict[str, Any]:
+  """``{name: value}`` of the loop settings ``config`` (a dataclass instance) declares
+  with :func:`periodic_field`."""
+  out = {}
+  for f in dataclasses.fields(config):
+    name = f.metadata.get(_LOOP_SETTING)
+    if name is not None and name != f.name:
+      raise TypeError(f"{type(config).__name__}.{f.name} is declared as "
+                      f"periodic_field({name!r})")
+    if name is not None:
+      out[name] = getattr(config, f.name)
+  return out
 
 
 class LoopResult(NamedTuple):

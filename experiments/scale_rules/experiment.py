@@ -53,6 +53,7 @@ from experiments.common import shakespeare
 from experiments.common.config_flags import config_field
 from experiments.common.lm_trainer import LMConfig
 from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.train_loop import PERIODIC
 from lowprec.numerics import mx_scales
 from lowprec.numerics import recipes as recipes_lib
 
@@ -61,10 +62,8 @@ FORMATS = ("bf16", "e4m3", "e2m1", "nvfp4")
 SCALE_RULES = ("none",) + tuple(mx_scales.SCALE_RULES) + (mx_scales.QWIX_RULE,)
 # The LMConfig fields that define the base (what the cache key hashes).
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig)
-                     if f.name not in ("recipe", "eval_every", "eval_batches", "log_every",
-                                       "checkpoint_every", "histogram_every",
-                                       "progress_every_s", "numerics_telemetry",
-                                       "native_gemm"))
+                     if f.name not in PERIODIC + ("recipe", "eval_batches",
+                                                  "numerics_telemetry", "native_gemm"))
 
 
 @dataclasses.dataclass(frozen=True)
