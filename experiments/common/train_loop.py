@@ -1,5 +1,6 @@
 """The shared train loop: a jitted ``train_step(state, batch, key) -> (state, metrics)``,
-periodic eval, TensorBoard logging, progress lines, checkpoint/resume and preemption.
+periodic eval, TensorBoard logging, progress lines, checkpoint/resume and preemption;
+the periodic settings' config fields (:func:`periodic_field`).
 
 Exact resume: the loop's state is (train state, PRNG key, data position, step) and each
 step's batch is a pure function of the data position, so a run restored from a checkpoint
