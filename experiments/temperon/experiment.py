@@ -352,7 +352,7 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
       by_kind.setdefault(step_kind(config, s), []).append(dt)
     kind_s = {k: float(np.median(ts[1:] or ts)) for k, ts in by_kind.items()}
     for s, dt in step_times[1:]:
-      if s % config.log_every == 0:
+      if config.log_every and s % config.log_every == 0:  # 0: train metrics at the end only
         writer.write_scalars(s + 1, {"perf/step_s": dt})
     writer.flush()
 
