@@ -5,7 +5,9 @@
   ``python -m experiments.<paper>`` entry point; ``config_flags``: absl flags generated
   from a frozen config dataclass (``--help`` lists all); ``run_options``: per-run
   options (workdir, resume, results file, multi-process flags).
-- ``train_loop``: TrainState, the jitted ``train_step(state, batch, key)``, the loop;
+- ``train_loop``: TrainState (params, optimizer and quantization state), the jitted
+  ``train_step(state, batch, key)``, the loop and its periodic settings
+  (``periodic_field``);
   ``lm_trainer``: the Shakespeare LM trainer of lm, alto, optimizer_state and qlora;
   ``rl/``: the RL loop of three papers.
 - ``checkpoint``: orbax checkpoints of state, PRNG key, data position and step;

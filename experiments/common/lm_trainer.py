@@ -33,7 +33,7 @@ from experiments.common.config_flags import (SEED_DOMAIN, ConfigError, check_fie
 from experiments.common.results import run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
-                                           run_loop)
+                                           periodic_field, run_loop)
 from experiments.common.weight_inspection import make_inspector
 from lowprec.models import quantization
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
@@ -71,18 +71,13 @@ class LMConfig:
   beta2: float = config_field(0.95, "AdamW second-moment decay.", domain="[0, 1)")
   grad_clip: float = config_field(1.0, "Clip the global gradient norm to this (0: off).",
                                   domain="[0, inf)")
-  eval_every: int = config_field(200, "Evaluate on validation every N steps (and at the end).",
-                                 domain="[0, inf)")
+  eval_every: int = periodic_field("eval_every", 200)
   eval_batches: int = config_field(8, "Validation batches per evaluation (fixed windows).",
                                    domain="[1, inf)")
-  log_every: int = config_field(25, "Write train metrics to TensorBoard every N steps.",
-                                domain="[0, inf)")
-  checkpoint_every: int = config_field(300, "Checkpoint every N steps (and at the end).",
-                                       domain="[0, inf)")
-  histogram_every: int = config_field(300, "Weight / quantization-error histograms every N.",
-                                      domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
-                                         domain="(0, inf)")
+  log_every: int = periodic_field("log_every", 25)
+  checkpoint_every: int = periodic_field("checkpoint_every", 300)
+  histogram_every: int = periodic_field("histogram_every", 300)
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
   numerics_telemetry: bool = config_field(
       False, "Log each quantized GEMM operand's saturated / flushed / scale-clamped "
       "fractions and SQNR under numerics/<layer>/... (costs extra passes).")
@@ -181,13 +176,14 @@ def _sown_scalars(variables: dict[str, Any], collection: str) -> dict[str, jax.A
 
 class LMParts(NamedTuple):
   """What an LM run trains: the recipe its ``--recipe`` names, the quantized model,
-  whether the model carries quantization state (delayed scaling, backward telemetry:
-  the train state's params are then ``{"params", OVERWRITE}``), ``apply(params, inputs,
-  key) -> (logits, sown)`` and ``loss_fn(params, batch, key) -> (loss, aux)``."""
+  ``init(key) -> (params, quant_state)`` (the quantization state: ``{OVERWRITE: ...}``
+  for delayed scaling and backward telemetry, else ``{}``), ``apply(params, quant_state,
+  inputs, key) -> (logits, sown)`` and ``loss_fn(params, quant_state, batch, key) ->
+  (loss, aux)`` (a :data:`experiments.common.train_loop.LossFn`)."""
 
   recipe: recipes_lib.Recipe
   model: Any
-  stateful: bool
+  init: Callable[[jax.Array], tuple[Any, Any]]
   apply: Callable[..., Any]
   loss_fn: Callable[..., Any]
 
@@ -203,18 +199,21 @@ def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
   model = quantization.quantize_model(
       DecoderLM(config.transformer_config(vocab_size)),
       config.model_rules(recipe), telemetry=config.numerics_telemetry)
-  stateful = quantization.OVERWRITE in jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
-                         jax.random.PRNGKey(0)))
   telemetry = [quantization.NUMERICS] if config.numerics_telemetry else []
 
-  def apply(params, inputs, key):
-    variables = params if stateful else {"params": params}
-    return model.apply(variables, inputs, key,
+  def init(key):
+    variables = model.init(key, jnp.zeros((1, config.seq_len), jnp.int32),
+                           jax.random.PRNGKey(0))
+    # The quantization state: the one collection besides params a train step carries.
+    return variables["params"], {k: v for k, v in variables.items()
+                                 if k == quantization.OVERWRITE}
+
+  def apply(params, quant_state, inputs, key):
+    return model.apply({"params": params, **quant_state}, inputs, key,
                        mutable=["losses", "metrics"] + telemetry)
 
-  def loss_fn(params, batch, key):
-    logits, sown = apply(params, batch["inputs"], key)
+  def loss_fn(params, quant_state, batch, key):
+    logits, sown = apply(params, quant_state, batch["inputs"], key)
     loss, accuracy = next_token_loss(logits, batch["targets"])
     sown_losses = jax.tree.leaves(sown.get("losses", {}))
     aux = {"accuracy": accuracy}
@@ -225,7 +224,7 @@ def build_lm(config: LMConfig, vocab_size: int) -> LMParts:
     aux.update(quantization.telemetry_scalars(sown.get(quantization.NUMERICS)))
     return loss + sum(jnp.sum(l) for l in sown_losses), aux
 
-  return LMParts(recipe, model, stateful, apply, loss_fn)
+  return LMParts(recipe, model, init, apply, loss_fn)
 
 
 def _check_windows_fit(config: LMConfig, splits: shakespeare.Splits) -> None:
@@ -241,23 +240,17 @@ def _check_windows_fit(config: LMConfig, splits: shakespeare.Splits) -> None:
         "--max_chars (0: the whole corpus)")
 
 
-def _fresh_start(config: LMConfig, model: Any, stateful: bool,
+def _fresh_start(config: LMConfig, init_model: Callable[[jax.Array], tuple[Any, Any]],
                  optimizer: optax.GradientTransformation, replicated: Any
                  ) -> Callable[[], Snapshot]:
-  """``() -> Snapshot`` at step 0: the model initialized from ``config.seed`` (with the
-  quantization state it carries, where ``stateful``), the optimizer state, the loop key."""
+  """``() -> Snapshot`` at step 0: the model initialized from ``config.seed`` (params and
+  quantization state, :attr:`LMParts.init`), the optimizer state, the loop key."""
 
   @functools.partial(jax.jit, out_shardings=replicated)
   def init(key):
     init_key, loop_key = jax.random.split(key)
-    variables = model.init(init_key, jnp.zeros((1, config.seq_len), jnp.int32),
-                           jax.random.PRNGKey(0))
-    if not stateful:
-      return init_train_state(variables["params"], optimizer), loop_key
-    params = {"params": variables["params"],
-              quantization.OVERWRITE: variables[quantization.OVERWRITE]}
-    return TrainState(jnp.zeros((), jnp.int32), params,
-                      optimizer.init(variables["params"])), loop_key
+    params, quant_state = init_model(init_key)
+    return init_train_state(params, optimizer, quant_state), loop_key
 
   def fresh() -> Snapshot:
     state, rng = init(jax.random.PRNGKey(config.seed))
@@ -273,8 +266,8 @@ def _evaluator(config: LMConfig, apply: Callable[..., Any], validation: np.ndarr
   evaluate the same way every time)."""
 
   @jax.jit
-  def eval_step(params, batch, key):
-    logits, _ = apply(params, batch["inputs"], key)
+  def eval_step(params, quant_state, batch, key):
+    logits, _ = apply(params, quant_state, batch["inputs"], key)
     return next_token_loss(logits, batch["targets"])
 
   eval_data = [distributed.shard_batch(b, mesh) for b in shakespeare.eval_batches(
@@ -282,8 +275,9 @@ def _evaluator(config: LMConfig, apply: Callable[..., Any], validation: np.ndarr
       seq_len=config.seq_len)]
   eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED)
 
-  def evaluate(params) -> dict[str, float]:
-    results = jax.device_get([eval_step(params, b, eval_key) for b in eval_data])
+  def evaluate(state: TrainState) -> dict[str, float]:
+    results = jax.device_get([eval_step(state.params, state.quant_state, b, eval_key)
+                              for b in eval_data])
     loss = float(np.mean([r[0] for r in results]))
     return {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
             "bits_per_char": loss / np.log(2.0)}
@@ -315,10 +309,10 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
   _check_windows_fit(config, splits)
   # The one place the --recipe name becomes a Recipe: the rules, the inspector and the
   # quantized GEMMs below receive the object.
-  recipe, model, stateful, apply, loss_fn = build_lm(config, splits.vocab.size)
+  recipe, _, init_model, apply, loss_fn = build_lm(config, splits.vocab.size)
   optimizer = config.optimizer()
   mesh = distributed.data_mesh()
-  fresh = _fresh_start(config, model, stateful, optimizer, distributed.replicated(mesh))
+  fresh = _fresh_start(config, init_model, optimizer, distributed.replicated(mesh))
   evaluate = _evaluator(config, apply, splits.validation, mesh)
 
   def batch_at(position: int):
@@ -329,8 +323,7 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
   with run_lib.open_run(experiment, config, options, hparams=hparams_of(config),
                         writer_process=writer_process) as run:
     start = run.restore(fresh, metadata={"vocab_size": splits.vocab.size})
-    model_params = start.state.params["params"] if stateful else start.state.params
-    n_params = sum(x.size for x in jax.tree.leaves(model_params))
+    n_params = sum(x.size for x in jax.tree.leaves(start.state.params))
     logging.info("model: %d parameters, vocab %d, recipe %s; train %d / validation %d tokens",
                  n_params, splits.vocab.size, recipe.name, splits.train.size,
                  splits.validation.size)
@@ -344,15 +337,14 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
         recipe_flag.recipe_dot_general("fp32" if recipe.delayed_operands else recipe),
         skip_prefixes=("",) if recipe.delayed_operands else ("head",),
         skip_names=("router",))
-    carried = (dict(overwrite_with_gradient=quantization.OVERWRITE,
-                    overwrite_metrics=lambda s: quantization.telemetry_scalars(overwrite=s))
-               if stateful else {})
-    result = run_loop(start=start,
-                      train_step=make_train_step(loss_fn, optimizer, config.optimizer_metrics,
-                                                 **carried),
-                      batch_at=batch_at, settings=settings, writer=run.writer,
+    train_step = make_train_step(
+        loss_fn, optimizer, config.optimizer_metrics,
+        quant_metrics=lambda s: quantization.telemetry_scalars(
+            overwrite=s.get(quantization.OVERWRITE)))
+    result = run_loop(start=start, train_step=train_step, batch_at=batch_at,
+                      settings=settings, writer=run.writer,
                       checkpointer=run.checkpointer, evaluate=evaluate,
-                      inspect=(lambda p: inspector(p["params"])) if stateful else inspector)
+                      inspect=lambda state: inspector(state.params))
     summary = run_summary(experiment, options, config, result, start_time=run.t0,
                           num_params=n_params, resumed_from_step=start.step,
                           process_count=jax.process_count(),

@@ -14,6 +14,7 @@ import dataclasses
 
 from experiments.common import lm_trainer
 from experiments.common.config_flags import config_field
+from experiments.common.train_loop import periodic_field
 from lowprec.models.transformer import TransformerConfig
 
 
@@ -30,10 +31,8 @@ class MoELMConfig(lm_trainer.LMConfig):
   learning_rate: float = config_field(3e-3, "Peak AdamW learning rate.", domain="(0, inf)")
   warmup_steps: int = config_field(50, "Linear warmup steps, then cosine decay to 10%.",
                                    domain="[0, inf)")
-  eval_every: int = config_field(50, "Evaluate on validation every N steps (and at the end).",
-                                 domain="[0, inf)")
-  histogram_every: int = config_field(0, "Weight / quantization-error histograms every N.",
-                                      domain="[0, inf)")
+  eval_every: int = periodic_field("eval_every", 50)
+  histogram_every: int = periodic_field("histogram_every", 0)
   num_experts: int = config_field(8, "Experts per MoE feed-forward (0: a dense feed-forward "
                                   "of width d_ff, the dense control of a derived study).",
                                   domain="[0, inf)")

@@ -12,9 +12,10 @@ another config, a live holder, a resume of another config:
 :func:`experiments.common.workdir.claim`), opens the checkpointer (with the config its
 checkpoints carry) and the TensorBoard writer; :meth:`Run.restore` resumes or starts
 fresh and writes the run's metadata and, for a fresh run, its HParams session;
-:meth:`Run.settings` builds the loop's schedule from the config's ``log_every``,
-``eval_every``, ``checkpoint_every``, ``histogram_every`` and ``progress_every_s``
-fields and the options' ``stop_at_step``; :meth:`Run.finish` closes the checkpointer and
+:meth:`Run.settings` builds the loop's schedule from the config's periodic fields
+(``log_every``, ``eval_every``, ..., declared with
+:func:`experiments.common.train_loop.periodic_field`) and the options'
+``stop_at_step``; :meth:`Run.finish` closes the checkpointer and
 writes the final scalars, the results row and the completion mark. A paper supplies its
 model, data, step and metrics.
 """
@@ -35,7 +36,8 @@ from experiments.common import workdir as workdir_lib
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.results import finish_run, run_summary
 from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import LoopResult, LoopSettings, restore_or_initialize
+from experiments.common.train_loop import (LoopResult, LoopSettings, periodic_settings,
+                                           restore_or_initialize)
 
 
 @dataclasses.dataclass
@@ -80,11 +82,8 @@ class Run:
   def settings(self, num_steps: int, **overrides: Any) -> LoopSettings:
     """The loop's schedule: the config's periodic fields, the options' stop step,
     ``overrides`` for the rest (``max_healthy_loss``, ``every_step_scalars``, ...)."""
-    fields = {name: getattr(self.config, name)
-              for name in ("log_every", "eval_every", "checkpoint_every",
-                           "histogram_every", "progress_every_s")
-              if hasattr(self.config, name)}
-    fields.setdefault("histogram_every", 0)
+    # A config without histograms (it declares no histogram_every) draws none.
+    fields = {"histogram_every": 0, **periodic_settings(self.config)}
     stop, first = self.options.stop_at_step, 0 if self.start is None else self.start.step
     if stop and not first < stop < num_steps:
       logging.warning("--stop_at_step=%d does nothing: this run goes from step %d to %d "

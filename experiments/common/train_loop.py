@@ -1,5 +1,6 @@
 """The shared train loop: a jitted ``train_step(state, batch, key) -> (state, metrics)``,
-periodic eval, TensorBoard logging, progress lines, checkpoint/resume and preemption.
+periodic eval, TensorBoard logging, progress lines, checkpoint/resume and preemption;
+the periodic settings' config fields (:func:`periodic_field`).
 
 Exact resume: the loop's state is (train state, PRNG key, data position, step) and each
 step's batch is a pure function of the data position, so a run restored from a checkpoint
@@ -20,6 +21,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import config_flags
 from experiments.common import run_metadata
 from experiments.common.checkpoint import Checkpointer, Snapshot
 from experiments.common.preemption import PreemptionWatcher
@@ -28,63 +30,70 @@ from experiments.common.tensorboard_writer import MetricWriter
 
 Batch = Mapping[str, Any]
 Metrics = dict[str, jax.Array]
-LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Metrics]]
+# loss_fn(params, quant_state, batch, key) -> (loss, aux): see make_train_step.
+LossFn = Callable[[Any, Any, Batch, jax.Array], tuple[jax.Array, Metrics]]
 TrainStep = Callable[["TrainState", Batch, jax.Array], tuple["TrainState", Metrics]]
 
 
 class TrainState(NamedTuple):
-  """What the optimizer updates: a step counter (int32 scalar), params and optimizer state."""
+  """What a train step updates: a step counter (int32 scalar), the params, the optimizer
+  state and the quantization state.
+
+  ``quant_state`` holds the model's variable collections besides ``params`` that the
+  step carries (``{OVERWRITE: ...}``: delayed-scaling histories and backward telemetry
+  probes, see :mod:`lowprec.models.quantization`), ``{}`` for a model that carries none.
+  The optimizer never sees it; each step replaces it by its gradient.
+  """
 
   step: jax.Array
   params: Any
   opt_state: Any
+  quant_state: Any = {}  # a shared empty default: never mutated, states are replaced
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
-  """A step-0 TrainState."""
+def init_train_state(params: Any, optimizer: optax.GradientTransformation,
+                     quant_state: Any = None) -> TrainState:
+  """A step-0 TrainState (``quant_state``: the model's other collections, default none)."""
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=optimizer.init(params))
+                    opt_state=optimizer.init(params),
+                    quant_state={} if quant_state is None else quant_state)
+
+
+def without_quant_state(loss_fn: Callable[[Any, Batch, jax.Array],
+                                          tuple[jax.Array, Metrics]]) -> LossFn:
+  """``loss_fn(params, batch, key)`` of a model that carries no quantization state, as a
+  :data:`LossFn`."""
+  return lambda params, quant_state, batch, key: loss_fn(params, batch, key)
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     state_metrics: Callable[[Any], Metrics] | None = None, *,
-                    overwrite_with_gradient: str | None = None,
-                    overwrite_metrics: Callable[[Any], Metrics] | None = None) -> TrainStep:
+                    quant_metrics: Callable[[Any], Metrics] | None = None) -> TrainStep:
   """The jitted ``train_step(state, batch, key) -> (state, metrics)``.
 
-  ``loss_fn(params, batch, key) -> (scalar loss, aux metrics)``. The returned metrics are a
-  flat dict of scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` plus aux,
-  plus ``state_metrics(new_opt_state)`` when given (e.g. a transform's counters).
+  ``loss_fn(params, quant_state, batch, key) -> (scalar loss, aux metrics)``
+  (:func:`without_quant_state` adapts one that takes no state). The optimizer updates
+  ``params``; ``quant_state`` is replaced by its gradient, which is its next value (Flax's
+  ``_overwrite_with_gradient`` convention). The returned metrics are a flat dict of
+  scalars: ``loss``, ``grad_norm``, ``param_norm``, ``update_norm`` (of the params),
+  plus aux, plus ``quant_metrics(next quant_state)`` and
+  ``state_metrics(new_opt_state)`` when given (e.g. telemetry, a transform's counters).
   ``state`` is donated, so do not reuse the one passed in.
-
-  With ``overwrite_with_gradient`` (a collection name, e.g. Flax's
-  ``_overwrite_with_gradient``), ``state.params`` is ``{"params": p, name: s}``: the
-  optimizer updates ``p`` only, and ``s`` (delayed-scaling histories: see
-  :mod:`models.quantization`) is replaced by its gradient, which is its next value; the
-  norms are those of ``p``, and ``overwrite_metrics(next s)`` adds metrics.
   """
-  if overwrite_metrics is not None and overwrite_with_gradient is None:
-    raise ValueError("overwrite_metrics needs overwrite_with_gradient")
 
   def train_step(state: TrainState, batch: Batch, key: jax.Array
                  ) -> tuple[TrainState, Metrics]:
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
-    params, extra = state.params, {}
-    if overwrite_with_gradient is not None:
-      params, grads, carried = (state.params["params"], grads["params"],
-                                grads[overwrite_with_gradient])
-      if overwrite_metrics is not None:
-        extra = overwrite_metrics(carried)
-    updates, opt_state = optimizer.update(grads, state.opt_state, params)
-    params = optax.apply_updates(params, updates)
+    (loss, aux), (grads, quant_state) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1), has_aux=True)(state.params, state.quant_state, batch, key)
+    extra = {} if quant_metrics is None else quant_metrics(quant_state)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "param_norm": optax.tree.norm(params),
                "update_norm": optax.tree.norm(updates), **aux, **extra}
     if state_metrics is not None:
       metrics.update(state_metrics(opt_state))
-    if overwrite_with_gradient is not None:
-      params = {"params": params, overwrite_with_gradient: carried}
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state, quant_state), metrics
 
   return jax.jit(train_step, donate_argnums=(0,))
 
@@ -116,6 +125,58 @@ class LoopSettings:
                  "stop_at_step"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+# The loop's periodic settings. A config declares each with periodic_field (one flag per
+# field, as every config field), and experiments.common.run.Run.settings reads them.
+PERIODIC = ("log_every", "eval_every", "checkpoint_every", "histogram_every",
+            "progress_every_s")
+_LOOP_SETTING = "loop_setting"  # the field metadata key periodic_field marks
+# name -> (its help's sentence, the fixed points its action also runs at)
+_PERIODIC_HELP = {
+    "log_every": ("Write train metrics every N {unit}s and at the end", "at the end"),
+    "eval_every": ("Evaluate every N {unit}s, at {unit} 0 and at the end",
+                   "at {unit} 0 and at the end"),
+    "checkpoint_every": ("Checkpoint every N {unit}s and at the end", "at the end"),
+    "histogram_every": ("Weight / quantization-error histograms every N {unit}s, at "
+                        "{unit} 0 and at the end", "at {unit} 0 and at the end"),
+}
+
+
+def periodic_field(name: str, default: float, *, unit: str = "step",
+                   domain: str | None = None) -> Any:
+  """The config field of the loop setting ``name`` (one of :data:`PERIODIC`): this
+  paper's ``default``, with the help text and domain every experiment shares (a step
+  count in ``[0, inf)``, 0 leaving the action to its fixed points; ``progress_every_s``:
+  seconds in ``(0, inf)``). ``unit`` is what the paper's loop calls a step
+  (``"update"`` for RL); ``domain`` replaces the shared one where the paper needs the
+  action periodically, e.g. ``"[1, inf)"``."""
+  if name not in PERIODIC:
+    raise ValueError(f"{name!r} is not a loop setting; expected one of {PERIODIC}")
+  if name == "progress_every_s":
+    text, domain = "Seconds between progress log lines.", domain or "(0, inf)"
+  else:
+    domain = domain or "[0, inf)"
+    sentence, fixed = (t.format(unit=unit) for t in _PERIODIC_HELP[name])
+    text = sentence + (f" (0: only {fixed})." if config_flags.in_domain(0, domain)
+                       else ".")
+  field = config_flags.config_field(default, text, domain=domain)
+  return dataclasses.field(default=field.default,
+                           metadata={**field.metadata, _LOOP_SETTING: name})
+
+
+def periodic_settings(config: Any) -> dict[str, Any]:
+  """``{name: value}`` of the loop settings ``config`` (a dataclass instance) declares
+  with :func:`periodic_field`."""
+  out = {}
+  for f in dataclasses.fields(config):
+    name = f.metadata.get(_LOOP_SETTING)
+    if name is not None and name != f.name:
+      raise TypeError(f"{type(config).__name__}.{f.name} is declared as "
+                      f"periodic_field({name!r})")
+    if name is not None:
+      out[name] = getattr(config, f.name)
+  return out
 
 
 class LoopResult(NamedTuple):
@@ -234,9 +295,9 @@ def run_loop(*, start: Snapshot, train_step: TrainStep, batch_at: Callable[[int]
     settings: the periodic schedule.
     writer: metric writer (a disabled one on non-zero processes).
     checkpointer: None disables checkpoints.
-    evaluate: params -> ``{name: float}`` eval metrics, logged under ``eval/``.
-    inspect: params -> (histograms, scalars) logged as given (weights, quantization
-      error), every ``histogram_every`` steps and at the end.
+    evaluate: train state -> ``{name: float}`` eval metrics, logged under ``eval/``.
+    inspect: train state -> (histograms, scalars) logged as given (weights,
+      quantization error), every ``histogram_every`` steps and at the end.
     provenance: the code this process runs, ``{"commit", "dirty"}`` (default:
       :func:`experiments.common.run_metadata.git_state`). Each process's part of the
       run is a *segment*, recorded (start step, commit, dirty) in the checkpoints and
@@ -328,7 +389,7 @@ class _Loop:
   def run_eval(self) -> None:
     if self.evaluate is None:
       return
-    self.last_eval = {k: float(v) for k, v in self.evaluate(self.state.params).items()}
+    self.last_eval = {k: float(v) for k, v in self.evaluate(self.state).items()}
     self.writer.write_scalars(self.step, {f"eval/{k}": v for k, v in self.last_eval.items()})
     logging.info("eval step %d | %s", self.step,
                  " | ".join(f"{k} {v:.4f}" for k, v in sorted(self.last_eval.items())))
@@ -336,7 +397,7 @@ class _Loop:
   def run_inspect(self) -> None:
     if self.inspect is None:
       return
-    histograms, scalars = self.inspect(self.state.params)
+    histograms, scalars = self.inspect(self.state)
     self.writer.write_histograms(self.step, histograms)
     self.writer.write_scalars(self.step, scalars)
 

@@ -59,7 +59,7 @@ from experiments.common.results import loop_metrics, run_summary
 from experiments.common.rl import harness_checks
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import run_loop
+from experiments.common.train_loop import periodic_field, run_loop
 from experiments.looped_rl import warm_start as warm_start_lib
 from lowprec.models import looped, quantization
 from lowprec.models.transformer import TransformerConfig
@@ -116,14 +116,12 @@ class LoopedRLConfig:
   temperature: float = config_field(1.0, "Rollout temperature (the learner's "
                                     "log-probs use the same).", domain="(0, inf)")
   clip_eps: float = config_field(0.2, "PPO clip epsilon.", domain="(0, 1)")
-  log_every: int = config_field(1, "Write metrics every N updates.", domain="[1, inf)")
-  eval_every: int = config_field(16, "Greedy accuracy every N updates.", domain="[1, inf)")
+  log_every: int = periodic_field("log_every", 1, unit="update", domain="[1, inf)")
+  eval_every: int = periodic_field("eval_every", 16, unit="update", domain="[1, inf)")
   eval_problems: int = config_field(256, "Held-out problems per evaluation.",
                                     domain="[1, inf)")
-  checkpoint_every: int = config_field(0, "Checkpoint every N updates (0: at the end).",
-                                       domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress lines.",
-                                         domain="(0, inf)")
+  checkpoint_every: int = periodic_field("checkpoint_every", 0, unit="update")
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
 
   def __post_init__(self):
     check_fields(self)
@@ -299,7 +297,8 @@ def train_and_evaluate(config: LoopedRLConfig, options: RunOptions) -> dict[str,
 
     result = run_loop(start=start, train_step=rl_step, batch_at=batch_at,
                       settings=run.settings(n), writer=run.writer,
-                      checkpointer=run.checkpointer, evaluate=evaluate)
+                      checkpointer=run.checkpointer,
+                      evaluate=lambda state: evaluate(state.params))
     done = result.snapshot.step
     s = jax.device_get(result.snapshot.state)
     last = max(1, n // 4)

@@ -36,7 +36,8 @@ from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_fi
 from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import init_train_state, make_train_step, run_loop
+from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
+                                            periodic_field, run_loop, without_quant_state)
 from lowprec.models import memoir as memoir_lib
 
 EXPERIMENT = "memoir"
@@ -87,15 +88,12 @@ class MemoirExperimentConfig:
   weight_decay: float = config_field(0.01, "AdamW decoupled weight decay.", domain="[0, inf)")
   grad_clip: float = config_field(1.0, "Clip the global gradient norm (0: off).",
                                   domain="[0, inf)")
-  eval_every: int = config_field(40, "Evaluate every N steps (and at the end).",
-                                 domain="[0, inf)")
+  eval_every: int = periodic_field("eval_every", 40)
   eval_batches: int = config_field(8, "Fixed evaluation batches of batch_size samples.",
                                    domain="[1, inf)")
-  log_every: int = config_field(10, "Write train metrics every N steps.", domain="[0, inf)")
-  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).",
-                                       domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
-                                         domain="(0, inf)")
+  log_every: int = periodic_field("log_every", 10)
+  checkpoint_every: int = periodic_field("checkpoint_every", 0)
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
 
   def __post_init__(self):
     check_fields(self)  # every field in its declared domain
@@ -176,8 +174,8 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
       seed=config.seed, num_batches=config.eval_batches, batch_size=config.batch_size,
       spec=task)]
 
-  def evaluate(params) -> dict[str, float]:
-    results = jax.device_get([eval_step(params, b) for b in eval_data])
+  def evaluate(state: TrainState) -> dict[str, float]:
+    results = jax.device_get([eval_step(state.params, b) for b in eval_data])
     names = ("recall", "energy_margin", "e_pos", "e_neg", "ce", "expected_depth",
              "memory_drift")
     return {n: float(np.mean([r[n] for r in results])) for n in names}
@@ -198,7 +196,8 @@ def train_and_evaluate(config: MemoirExperimentConfig, options: RunOptions) -> d
                             # 3x the loss of a uniform guess of the value class
                             max_healthy_loss=3 * math.log(config.num_values))
     t0 = time.time()
-    result = run_loop(start=start, train_step=make_train_step(loss_fn, optimizer),
+    train_step = make_train_step(without_quant_state(loss_fn), optimizer)
+    result = run_loop(start=start, train_step=train_step,
                       batch_at=batch_at, settings=settings, writer=run.writer,
                       checkpointer=run.checkpointer, evaluate=evaluate)
     summary = run_summary(EXPERIMENT, options, config, result, start_time=t0,

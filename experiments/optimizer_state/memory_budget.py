@@ -60,11 +60,14 @@ def step_lines(config: Any, vocab_size: int) -> dict[str, int]:
   """Bytes of each memory line of ``config``'s compiled training step (module doc)."""
   parts = lm_trainer.build_lm(config, vocab_size)
   optimizer = config.optimizer()
-  if parts.stateful:
+
+  def init():
+    params, quant_state = parts.init(jax.random.PRNGKey(0))
+    return init_train_state(params, optimizer, quant_state)
+
+  state = jax.eval_shape(init)
+  if jax.tree.leaves(state.quant_state):  # no line of the budget holds it
     raise ValueError("a recipe with quantization state is not measured here")
-  state = jax.eval_shape(lambda: init_train_state(parts.model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, config.seq_len), jnp.int32),
-      jax.random.PRNGKey(0))["params"], optimizer))
   batch = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
            for k in ("inputs", "targets")}
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))

@@ -46,7 +46,8 @@ import numpy as np
 from experiments.common import run_metadata
 from experiments.common.config_flags import parse_flags
 from experiments.common.results import write_benchmark
-from experiments.common.train_loop import init_train_state, make_train_step
+from experiments.common.train_loop import (init_train_state, make_train_step,
+                                            without_quant_state)
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
 from lowprec.models.transformer import bf16_dot_general
@@ -75,7 +76,7 @@ def _step_fns(config: QLoRAConfig, params: Any, batch: dict[str, np.ndarray],
     cfg = dataclasses.replace(config, **overrides)
     setup = make_setup(cfg, model, params)
     optimizer = make_optimizer(cfg)
-    step = make_train_step(setup.loss_fn, optimizer)
+    step = make_train_step(without_quant_state(setup.loss_fn), optimizer)
     b = {**batch, **({} if setup.frozen is None else {"base": setup.frozen})}
     holder = {"state": init_train_state(setup.trainable, optimizer)}
     key = jax.random.PRNGKey(0)

@@ -74,7 +74,8 @@ from experiments.common.results import run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common import lm_trainer
-from experiments.common.train_loop import init_train_state, make_train_step, run_loop
+from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
+                                            periodic_field, run_loop, without_quant_state)
 from lowprec import models
 from lowprec.models import lora
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss
@@ -135,15 +136,12 @@ class QLoRAConfig:
   beta2: float = config_field(0.999, "AdamW second-moment decay.", domain="[0, 1)")
   grad_clip: float = config_field(1.0, "Clip the global gradient norm (0: off).",
                                   domain="[0, inf)")
-  eval_every: int = config_field(50, "Evaluate every N steps (and at 0 and the end).",
-                                 domain="[0, inf)")
+  eval_every: int = periodic_field("eval_every", 50)
   eval_batches: int = config_field(8, "Evaluation batches (fixed windows of the play's "
                                    "held-out part).", domain="[1, inf)")
-  log_every: int = config_field(10, "Train metrics every N steps.", domain="[0, inf)")
-  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: at the end only).",
-                                       domain="[0, inf)")
-  progress_every_s: float = config_field(20.0, "Seconds between progress lines.",
-                                         domain="(0, inf)")
+  log_every: int = periodic_field("log_every", 10)
+  checkpoint_every: int = periodic_field("checkpoint_every", 0)
+  progress_every_s: float = periodic_field("progress_every_s", 20.0)
 
   def __post_init__(self):
     check_fields(self)
@@ -405,8 +403,9 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
     eval_data = _eval_data(config, corpus)
     evaluations: list[dict[str, float]] = []
 
-    def evaluate(trainable) -> dict[str, float]:
-      results = jax.device_get([eval_step(trainable, setup.frozen, b) for b in eval_data])
+    def evaluate(state: TrainState) -> dict[str, float]:
+      results = jax.device_get([eval_step(state.params, setup.frozen, b)
+                                for b in eval_data])
       loss = float(np.mean([r[0] for r in results]))
       out = {"loss": loss, "accuracy": float(np.mean([r[1] for r in results])),
              "bits_per_char": loss / math.log(2.0)}
@@ -423,7 +422,8 @@ def train_and_evaluate(config: QLoRAConfig, options: RunOptions) -> dict[str, An
     settings = run.settings(config.num_steps,
                             max_healthy_loss=3 * math.log(corpus.vocab.size))
     t0 = time.time()
-    result = run_loop(start=start, train_step=make_train_step(setup.loss_fn, optimizer),
+    train_step = make_train_step(without_quant_state(setup.loss_fn), optimizer)
+    result = run_loop(start=start, train_step=train_step,
                       batch_at=batch_at, settings=settings, writer=run.writer,
                       checkpointer=run.checkpointer, evaluate=evaluate)
     metrics = {**{f"train/{k}": v for k, v in result.train_metrics.items()},

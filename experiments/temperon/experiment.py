@@ -40,7 +40,8 @@ from experiments.common.results import loop_metrics, run_summary
 from experiments.common import run as run_lib
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.train_loop import TrainState, init_train_state, run_loop
+from experiments.common.train_loop import (TrainState, init_train_state, periodic_field,
+                                           run_loop)
 from lowprec.models.resnet import ResNet, ResNetConfig, classification_loss
 from lowprec.numerics import optim
 
@@ -109,13 +110,10 @@ class TemperonConfig:
   grad_clip: float = config_field(2.0, "Clip the global gradient norm (0: off).",
                                   domain="[0, inf)")
   targets: str = config_field("0.95,0.97,0.98", "Comma-separated test accuracies to time.")
-  eval_every: int = config_field(20, "Evaluate on the test split every N steps.",
-                                 domain="[1, inf)")
-  log_every: int = config_field(10, "Write train metrics every N steps.", domain="[0, inf)")
-  checkpoint_every: int = config_field(0, "Checkpoint every N steps (0: only at the end).",
-                                       domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
-                                         domain="(0, inf)")
+  eval_every: int = periodic_field("eval_every", 20, domain="[1, inf)")
+  log_every: int = periodic_field("log_every", 10)
+  checkpoint_every: int = periodic_field("checkpoint_every", 0)
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
 
   def __post_init__(self):
     check_fields(self)  # every field in its declared domain
@@ -323,8 +321,8 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
   test_batch = {"images": jnp.asarray(test_images), "labels": jnp.asarray(test_labels)}
   eval_fn = jax.jit(loss_fn)
 
-  def evaluate(params) -> dict[str, float]:
-    loss, accuracy = jax.device_get(eval_fn(params, test_batch))
+  def evaluate(state: TrainState) -> dict[str, float]:
+    loss, accuracy = jax.device_get(eval_fn(state.params, test_batch))
     return {"loss": float(loss), "accuracy": float(accuracy), "error": 1.0 - float(accuracy)}
 
   def batch_at(position: int):
@@ -354,7 +352,7 @@ def train_and_evaluate(config: TemperonConfig, options: RunOptions) -> dict[str,
       by_kind.setdefault(step_kind(config, s), []).append(dt)
     kind_s = {k: float(np.median(ts[1:] or ts)) for k, ts in by_kind.items()}
     for s, dt in step_times[1:]:
-      if s % config.log_every == 0:
+      if config.log_every and s % config.log_every == 0:  # 0: train metrics at the end only
         writer.write_scalars(s + 1, {"perf/step_s": dt})
     writer.flush()
 

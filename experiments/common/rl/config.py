@@ -19,6 +19,7 @@ import optax
 
 from experiments.common import arithmetic_task as task
 from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
+from experiments.common.train_loop import periodic_field
 from lowprec.models import sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics.rl import importance
@@ -91,14 +92,11 @@ class RLConfig:
   clip_eps: float = config_field(0.2, "PPO clip epsilon.", domain="(0, inf)")
   normalization: str = config_field("token", "Loss normaliser.",
                                     choices=policy_loss.NORMALIZATIONS)
-  log_every: int = config_field(1, "Write metrics every N updates.", domain="[1, inf)")
-  eval_every: int = config_field(8, "Greedy accuracy on held-out problems every N.",
-                                 domain="[1, inf)")
+  log_every: int = periodic_field("log_every", 1, unit="update", domain="[1, inf)")
+  eval_every: int = periodic_field("eval_every", 8, unit="update", domain="[1, inf)")
   eval_problems: int = config_field(256, "Held-out problems per evaluation.", domain="[1, inf)")
-  checkpoint_every: int = config_field(0, "Checkpoint every N updates (0: only at the "
-                                       "end).", domain="[0, inf)")
-  progress_every_s: float = config_field(10.0, "Seconds between progress log lines.",
-                                         domain="(0, inf)")
+  checkpoint_every: int = periodic_field("checkpoint_every", 0, unit="update")
+  progress_every_s: float = periodic_field("progress_every_s", 10.0)
 
   def __post_init__(self):
     check_fields(self)  # every field in its declared domain

@@ -228,8 +228,8 @@ def train_and_evaluate(config: RLConfig, options: RunOptions, *, experiment: str
       rewards = state.rewards.at[update].set(float(reward.mean()))
       return RLState(params, opt_state, sampler, export_state, rewards), metrics
 
-    def evaluate(params) -> dict[str, float]:
-      return greedy_accuracy(model, params, config, position=EVAL_POSITION)
+    def evaluate(state: RLState) -> dict[str, float]:
+      return greedy_accuracy(model, state.params, config, position=EVAL_POSITION)
 
     # No blow-up threshold: a policy-gradient surrogate has no scale to compare against;
     # a checkpoint is unhealthy only when its loss is not finite.

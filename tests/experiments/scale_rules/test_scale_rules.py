@@ -92,3 +92,25 @@ def test_the_base_config_is_every_field_but_the_evaluated_quantization():
   assert base.recipe == "fp32" and base.seed == 7 and base.d_model == 48
   assert not hasattr(base, "fmt")
   assert dataclasses.replace(config, fmt="bf16").base_config() == base
+
+
+def test_ptq_telemetry_is_the_evaluated_batches_alone():
+  """The ptq/ means once included the telemetry init sowed (random weights on a zero
+  input): each operand's SQNR and saturated fraction against a direct apply of the
+  quantized model on the same batch with fresh collections."""
+  from experiments.common import lm_trainer  # pylint: disable=g-import-not-at-top
+  from lowprec.models import quantization  # pylint: disable=g-import-not-at-top
+  config = sr.ScaleRulesConfig(**_TINY, fmt="e2m1", scale_rule="floor")
+  parts = lm_trainer.build_lm(config, 40)
+  params = parts.init(jax.random.PRNGKey(3))[0]
+  inputs = jax.random.randint(jax.random.PRNGKey(4), (4, 33), 0, 40)
+  batch = {"inputs": inputs[:, :-1], "targets": inputs[:, 1:]}
+  got = sr.evaluate(config, params, [batch], 40)
+  _, sown = parts.model.apply({"params": params}, batch["inputs"], jax.random.PRNGKey(0),
+                              mutable=[quantization.NUMERICS])
+  want = quantization.telemetry_scalars(sown[quantization.NUMERICS])
+  for side, name in (("forward_lhs", "act"), ("forward_rhs", "weight")):
+    for stat in ("sqnr_db", "saturated"):
+      values = [float(v) for k, v in want.items() if k.endswith(f"/{side}/{stat}")]
+      assert values, (side, stat)
+      np.testing.assert_allclose(got[f"ptq/{stat}_{name}"], np.mean(values), rtol=1e-6)

@@ -54,6 +54,16 @@ def test_smoke_writes_events_results_and_resumes_exactly(tmp_path):
   assert dict(a) == pytest.approx(dict(b), rel=1e-6)
 
 
+def test_log_every_zero_logs_train_metrics_at_the_end_only(tmp_path):
+  """--log_every=0 (its declared domain starts at 0) divided by zero after training."""
+  config = dataclasses.replace(TINY, num_steps=4, eval_every=2, log_every=0,
+                               warmup_steps=1, rewarmup_steps=1, rho_ramp_steps=1)
+  assert _run(tmp_path / "quiet", config)["completed"]
+  scalars = read_scalars(str(tmp_path / "quiet"))
+  assert [s for s, _ in scalars["train/loss"]] == [4]
+  assert "perf/step_s" not in scalars
+
+
 def test_late_and_periodic_sam_runs_count_their_sam_steps(tmp_path):
   for steps, evals in (("late", 16 + 8), ("periodic", 16 + 8)):
     config = dataclasses.replace(TINY, explorer="muon_sam", refiner="none", sam_steps=steps)
