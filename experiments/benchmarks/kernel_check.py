@@ -456,7 +456,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("rows", 8192, "rows of the quantized array")
   flags.DEFINE_integer("cols", 8192, "columns of the quantized array")
   flags.DEFINE_integer("mm", 4096, "M = N = K of the timed matmul")
-  # fp32 is no kernel recipe; fp8_delayed carries state the timed step does not thread.
+  # fp32 is no kernel recipe. fp8_delayed (whose amax histories lm_train_step now
+  # carries) is left out of the default to keep the stage inside the time budget.
   flags.DEFINE_list("recipes", [r for r in recipes_lib.names()
                                 if r not in ("fp32", "fp8_delayed")],
                     "recipes of the training-step stage (bf16 is always added)")
