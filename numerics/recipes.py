@@ -337,15 +337,24 @@ def with_native_gemm(recipe: str | Recipe) -> Recipe:
       recipes).
   """
   r = get(recipe)
-  gemms = {}
-  for name, g, (lhs, rhs) in zip(GEMM_NAMES, r.gemms, r.operand_pairs):
-    ok = native_gemm.pair_kind(lhs, rhs) is not None and g.accumulation is None
-    gemms[name] = dataclasses.replace(g, native=ok) if ok else g
+  gemms = {name: dataclasses.replace(g, native=True) if ok else g
+           for name, g, ok in zip(GEMM_NAMES, r.gemms, _native_gemms(r))}
   if not any(g.native for g in gemms.values()):
     raise ValueError(f"recipe {r.name!r} has no GEMM with a native form: a native GEMM "
                      f"needs both operands per-tensor FP8 (e4m3/e5m2), both MXFP8 or both "
                      f"NVFP4, and no emulated accumulation")
   return dataclasses.replace(r, name=f"{r.name}+native", **gemms)
+
+
+def _native_gemms(r: Recipe) -> tuple[bool, bool, bool]:
+  """Whether each GEMM of ``r`` has a native form (:func:`with_native_gemm`)."""
+  return tuple(native_gemm.pair_kind(lhs, rhs) is not None and g.accumulation is None
+               for g, (lhs, rhs) in zip(r.gemms, r.operand_pairs))
+
+
+def has_native_gemm(recipe: str | Recipe) -> bool:
+  """Whether :func:`with_native_gemm` accepts ``recipe`` (some GEMM has a native form)."""
+  return any(_native_gemms(get(recipe)))
 
 
 def with_amax_axis_name(recipe: str | Recipe,

@@ -352,14 +352,7 @@ def _lm_step(recipe: str | recipes_lib.Recipe, cfg: dict):
 
 def native_arms(recipes: list[str]) -> list[str]:
   """The recipes among ``recipes`` that have a native GEMM (``with_native_gemm``)."""
-  out = []
-  for r in recipes:
-    try:
-      recipes_lib.with_native_gemm(r)
-    except ValueError:
-      continue
-    out.append(r)
-  return out
+  return [r for r in recipes if recipes_lib.has_native_gemm(r)]
 
 
 def train_step_time(recipe: str | recipes_lib.Recipe, impl: str, cfg: dict, iters: int,

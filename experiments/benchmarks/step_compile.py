@@ -89,18 +89,9 @@ class Case:
 
 
 def native_recipes(names: Sequence[str]) -> list[str]:
-  """The recipes among ``names`` that ``recipes.with_native_gemm`` accepts (none while
-  it does not exist)."""
+  """The recipes among ``names`` that ``recipes.with_native_gemm`` accepts."""
   from lowprec.numerics import recipes  # pylint: disable=g-import-not-at-top
-  fn = getattr(recipes, "with_native_gemm", None)
-  out = []
-  for name in names if fn is not None else ():
-    try:
-      fn(recipes.get(name))
-    except ValueError:  # no native GEMM for this recipe
-      continue
-    out.append(name)
-  return out
+  return [name for name in names if recipes.has_native_gemm(name)]
 
 
 def _devices(target: str):

@@ -268,3 +268,8 @@ def test_a_second_derivative_through_native_gemms_is_refused_by_name(name):
   with pytest.raises(TypeError, match=rf"quantized_dot_general with recipe "
                                       rf"'{name}\+native' has no second derivative"):
     jax.grad(f)(x)
+
+
+def test_has_native_gemm_says_whether_with_native_gemm_accepts_the_recipe():
+  for name in recipes.names():
+    assert recipes.has_native_gemm(name) == (name in NATIVE), name
