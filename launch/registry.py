@@ -31,6 +31,7 @@ _REGISTRY: dict[str, str] = {
     # The confirmatory round (issue 36): the pilots' undecided claims on fresh seeds.
     "alto_confirm": "experiments.alto.sweeps:alto_confirm",
     "alto_confirm2": "experiments.alto.sweeps:alto_confirm2",
+    "alto_untested": "experiments.alto.sweeps:alto_untested",
     "stale_sampler_confirm": "experiments.stale_sampler.sweeps:stale_sampler_confirm",
     "optimizer_state_confirm": "experiments.optimizer_state.sweeps:optimizer_state_confirm",
     "mxfp8_rl_confirm": "experiments.mxfp8_rl.sweeps:mxfp8_rl_confirm",

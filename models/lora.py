@@ -149,10 +149,13 @@ def target_paths(params: Any, config: LoRAConfig) -> tuple[str, ...]:
   """Module paths (``block_0/qkv``) of the kernels ``config.targets`` selects.
 
   Raises:
-    ValueError: a pattern matches no kernel, or matches a kernel that is not 2-D.
+    ValueError: a pattern matches no kernel, or matches a kernel that is not 2-D or
+      that carries a low-rank compensation branch.
   """
-  kernels = {_module_path(name): leaf for name, leaf in tree_paths.named_leaves(
-      frozen_dict.unfreeze(params)).items() if name.rsplit("/", 1)[-1] == "kernel"}
+  leaves = tree_paths.named_leaves(frozen_dict.unfreeze(params))
+  kernels = {_module_path(name): leaf for name, leaf in leaves.items()
+             if name.rsplit("/", 1)[-1] == "kernel"}
+  compensated = {_module_path(name) for name in leaves if name.endswith("/comp_v")}
   chosen = []
   for pattern in config.targets:
     hits = [m for m in kernels if _matches(m, pattern)]
@@ -163,6 +166,10 @@ def target_paths(params: Any, config: LoRAConfig) -> tuple[str, ...]:
       if jnp.ndim(kernels[m]) != 2:
         raise ValueError(f"LoRA target {m!r} has a {jnp.ndim(kernels[m])}-d kernel; "
                          f"only 2-D Linear kernels [in, out] can be adapted")
+      if m in compensated:
+        raise ValueError(f"LoRA target {m!r} has a low-rank compensation branch "
+                         f"(TransformerConfig.compensation_rank > 0), which the adapter "
+                         f"would drop; adapt a model built with compensation_rank=0")
       if m not in chosen:
         chosen.append(m)
   return tuple(sorted(chosen))

@@ -13,6 +13,11 @@ interception hands to a recipe that draws random numbers, so stochastic rounding
 independent everywhere; deterministic recipes ignore it. Parameters, norms and softmax
 stay in float32.
 
+With ``compensation_rank > 0`` each block projection (q/k/v, output, and the dense
+feed-forward layers; not the expert GEMMs, router or LM head) carries ALTO's trainable
+low-rank compensation branch (:class:`Linear`), whose two GEMMs run under the
+projection's rule.
+
 With ``num_experts > 0`` every block's feed-forward is a top-k mixture of experts
 (:class:`MoEFeedForward`): capacity-limited dispatch into per-expert buffers, two grouped
 GEMMs with the experts as the dot_general batch dimension (so a recipe's blocks and
@@ -89,8 +94,11 @@ class TransformerConfig:
   experts_per_token: int = 2
   moe_capacity_factor: float = 1.25
   moe_balance_coef: float = 0.01
+  compensation_rank: int = 0  # ALTO's low-rank branch on the block projections; 0: none
 
   def __post_init__(self):
+    if self.compensation_rank < 0:
+      raise ValueError(f"compensation_rank must be >= 0, got {self.compensation_rank}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -106,17 +114,40 @@ class TransformerConfig:
 
 
 class Linear(nn.Module):
-  """``x[..., in] @ kernel[in, out]`` through :func:`fp32_dot_general` (no bias)."""
+  """``x[..., in] @ kernel[in, out]`` through :func:`fp32_dot_general` (no bias).
+
+  With ``rank > 0`` it adds ALTO's low-rank compensation branch (its report §3.8,
+  ``alto.nn.DecomposedLinear``), trained with the layer:
+
+      y = x @ kernel + ((x @ comp_v) * comp_sigma) @ comp_u
+
+  ``comp_v [in, r]`` starts at zeros, ``comp_u [r, out]`` at N(0, 0.02^2) and
+  ``comp_sigma [r]`` at ones (ALTO's initialization), so the branch starts at zero
+  output. Its two GEMMs are :func:`fp32_dot_general` in this module, so a quantized
+  model's rule for the projection quantizes them as it does the main GEMM (ALTO:
+  ``comp_u`` and ``comp_v`` are MXFP4 weights, ``comp_sigma`` stays float32); their
+  keys are ``fold_in(key, 1)`` and ``fold_in(key, 2)``, the main GEMM keeps ``key``.
+  """
 
   features: int
   init_scale: float = 1.0
+  rank: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, key: jax.Array) -> jax.Array:
     fan_in = x.shape[-1]
     kernel = self.param("kernel", nn.initializers.normal(self.init_scale / fan_in**0.5),
                         (fan_in, self.features), jnp.float32)
-    return fp32_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), key)
+    contract_last = (((x.ndim - 1,), (0,)), ((), ()))
+    y = fp32_dot_general(x, kernel, contract_last, key)
+    if not self.rank:
+      return y
+    comp_v = self.param("comp_v", nn.initializers.zeros, (fan_in, self.rank), jnp.float32)
+    comp_sigma = self.param("comp_sigma", nn.initializers.ones, (self.rank,), jnp.float32)
+    comp_u = self.param("comp_u", nn.initializers.normal(0.02), (self.rank, self.features),
+                        jnp.float32)
+    xv = fp32_dot_general(x, comp_v, contract_last, jax.random.fold_in(key, 1)) * comp_sigma
+    return y + fp32_dot_general(xv, comp_u, contract_last, jax.random.fold_in(key, 2))
 
 
 def expert_capacity(num_tokens: int, config: TransformerConfig) -> int:
@@ -217,7 +248,8 @@ class Block(nn.Module):
                        "layer's expert capacity depends on the number of tokens per call")
 
     y = nn.RMSNorm(name="attn_norm")(x_BxLxD)
-    qkv = Linear(3 * d, name="qkv")(y, sub(_QKV))
+    rank = cfg.compensation_rank
+    qkv = Linear(3 * d, rank=rank, name="qkv")(y, sub(_QKV))
     q, kk, v = jnp.split(qkv.reshape(b, length, 3, h, k), 3, axis=2)
     q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = (t[:, :, 0].transpose(0, 2, 1, 3) for t in (q, kk, v))
     if kv is None:
@@ -237,15 +269,15 @@ class Block(nn.Module):
     attn_BxHxLxK = fp32_dot_general(probs, values_BxHxSxK, (((3,), (2,)), ((0, 1), (0, 1))),
                                     sub(_VALUES))
     attn_BxLxD = attn_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, length, d)
-    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, name="attn_out")(
+    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, rank, name="attn_out")(
         attn_BxLxD, sub(_ATTN_OUT))
 
     y = nn.RMSNorm(name="mlp_norm")(x_BxLxD)
     if cfg.num_experts:
       moe = MoEFeedForward(cfg, self.residual_scale, name="moe")
       return x_BxLxD + moe(y.reshape(b * length, d), key).reshape(b, length, d)
-    y = jax.nn.gelu(Linear(cfg.d_ff, name="ff_in")(y, sub(_FF_IN)))
-    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, name="ff_out")(y, sub(_FF_OUT))
+    y = jax.nn.gelu(Linear(cfg.d_ff, rank=rank, name="ff_in")(y, sub(_FF_IN)))
+    x_BxLxD = x_BxLxD + Linear(d, self.residual_scale, rank, name="ff_out")(y, sub(_FF_OUT))
     return x_BxLxD if kv is None else (x_BxLxD, (cached_k, cached_v))
 
 

@@ -13,7 +13,12 @@ adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
 ``with_dge``, ``with_static_clipping``, ``with_dynamic_clipping``,
 ``with_macro_blocks``); ``--deoscillation`` chains
 :func:`numerics.optim.deoscillation.deoscillate` after AdamW, masked to the quantized
-weights, with the recipe's forward weight quantizer. Training, logging, checkpointing
+weights, with the recipe's forward weight quantizer. ``--compensation_rank`` adds
+ALTO's trainable low-rank compensation branch (its report §3.8) to the attention
+projections (:class:`models.transformer.Linear`; its GEMMs run the projections'
+recipe). ``--target_loss`` and ``--late_from`` add two curve metrics to the results
+row: the steps to a validation loss, and the loss drop after a step (ALTO's
+steps-to-target overhead and late de-oscillation benefit). Training, logging, checkpointing
 and resume are :func:`experiments.common.lm_trainer.train_and_evaluate`'s.
 """
 
@@ -26,10 +31,13 @@ from typing import Any
 import jax
 import optax
 
+from experiments.common import curves
 from experiments.common import lm_trainer
 from experiments.common import moe_lm
 from experiments.common.config_flags import config_field
 from experiments.common.run_options import RunOptions
+from experiments.common.tensorboard_reader import read_scalars
+from lowprec.models.transformer import TransformerConfig
 from lowprec.numerics import qdot
 from lowprec.numerics import tree_paths
 from lowprec.numerics import recipes as recipes_lib
@@ -62,6 +70,16 @@ class AltoConfig(moe_lm.MoELMConfig):
                                     domain="(0, inf)")
   deosc_start: int = config_field(150, "Optimizer steps before the first window.",
                                   domain="[0, inf)")
+  compensation_rank: int = config_field(
+      0, "Rank of ALTO's low-rank compensation branch on the attention projections, "
+      "trained with them and quantized by their recipe (0: none).", domain="[0, inf)")
+  target_loss: float = config_field(
+      0.0, "Record eval/steps_to_target, the step at which the validation loss first "
+      "reaches this (interpolated between evaluations; num_steps, with "
+      "eval/target_reached 0, if it never does); 0: not recorded.", domain="[0, inf)")
+  late_from: int = config_field(
+      0, "Record eval/late_gain, the validation loss at this step minus the final one "
+      "(a multiple of eval_every below num_steps; 0: not recorded).", domain="[0, inf)")
 
   def __post_init__(self):
     super().__post_init__()
@@ -72,6 +90,11 @@ class AltoConfig(moe_lm.MoELMConfig):
     if self.option_list and self.recipe in ("fp32", "bf16"):
       raise ValueError(f"recipe_options need a quantized recipe, got {self.recipe!r}")
     recipe = self.build_recipe()  # fails early on an inconsistent option combination
+    if self.late_from and (self.late_from >= self.num_steps or not self.eval_every
+                           or self.late_from % self.eval_every):
+      raise ValueError(f"late_from={self.late_from} must be an evaluated step below "
+                       f"num_steps={self.num_steps} (a multiple of eval_every="
+                       f"{self.eval_every})")
     if self.deoscillation and recipe.forward.rhs is None:
       raise ValueError(f"deoscillation needs a recipe that quantizes the forward "
                        f"weight, got {self.recipe!r}")
@@ -99,6 +122,26 @@ class AltoConfig(moe_lm.MoELMConfig):
 
   def model_recipe(self) -> recipes_lib.Recipe:
     return self.build_recipe()
+
+  def transformer_config(self, vocab_size: int) -> TransformerConfig:
+    return dataclasses.replace(super().transformer_config(vocab_size),
+                               compensation_rank=self.compensation_rank)
+
+  def curve_metrics(self, workdir: str) -> dict[str, float]:
+    """``eval/steps_to_target`` and ``eval/target_reached`` (with ``target_loss``) and
+    ``eval/late_gain`` (with ``late_from``), from the logged ``eval/loss`` curve."""
+    if not (self.target_loss or self.late_from):
+      return {}
+    curve = read_scalars(workdir).get("eval/loss", [])
+    metrics = {}
+    if self.target_loss:
+      steps = curves.steps_to_target(curve, self.target_loss)
+      metrics["eval/target_reached"] = float(steps is not None)
+      metrics["eval/steps_to_target"] = float(self.num_steps if steps is None else steps)
+    if self.late_from:
+      metrics["eval/late_gain"] = (curves.value_at(curve, self.late_from)
+                                   - curves.value_at(curve, self.num_steps))
+    return metrics
 
   def optimizer(self) -> optax.GradientTransformation:
     """AdamW, preceded by the DGE statistics (a dge run: they read the gradients as

@@ -30,7 +30,7 @@ from experiments.common import shakespeare
 from experiments.common.checkpoint import Snapshot
 from experiments.common.config_flags import (SEED_DOMAIN, ConfigError, check_fields,
                                              config_field)
-from experiments.common.results import run_summary
+from experiments.common.results import loop_metrics, run_summary
 from experiments.common.run_options import RunOptions, resolve_run_options
 from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
                                            periodic_field, run_loop)
@@ -132,6 +132,13 @@ class LMConfig:
   def optimizer_metrics(self, opt_state: Any) -> dict[str, jax.Array]:
     """Scalars read from the optimizer state after every step (none here)."""
     del opt_state
+    return {}
+
+  def curve_metrics(self, workdir: str) -> dict[str, float]:
+    """Final metrics computed from the run's logged curves (its TensorBoard events in
+    ``workdir``, flushed, a resumed run's earlier events included), added to its
+    results row (none here)."""
+    del workdir
     return {}
 
 
@@ -345,9 +352,11 @@ def train_and_evaluate(config: LMConfig, options: RunOptions, experiment: str
                       settings=settings, writer=run.writer,
                       checkpointer=run.checkpointer, evaluate=evaluate,
                       inspect=lambda state: inspector(state.params))
+    run.writer.flush()
+    metrics = {**loop_metrics(result), **config.curve_metrics(options.workdir)}
     summary = run_summary(experiment, options, config, result, start_time=run.t0,
-                          num_params=n_params, resumed_from_step=start.step,
-                          process_count=jax.process_count(),
+                          metrics=metrics, num_params=n_params,
+                          resumed_from_step=start.step, process_count=jax.process_count(),
                           device_count=jax.device_count())
     run.finish(summary, completed=result.completed, step=result.snapshot.step)
   return summary

@@ -56,6 +56,10 @@ def test_targets():
   with pytest.raises(ValueError, match="2-D"):
     lora.target_paths({"moe": {"kernel": jnp.zeros((2, 3, 4))}},
                       lora.LoRAConfig(targets=("moe",)))
+  compensated = {"qkv": {"kernel": jnp.zeros((4, 6)), "comp_v": jnp.zeros((4, 1)),
+                         "comp_sigma": jnp.ones(1), "comp_u": jnp.zeros((1, 6))}}
+  with pytest.raises(ValueError, match="'qkv' has a low-rank compensation branch"):
+    lora.target_paths(compensated, lora.LoRAConfig(targets=("qkv",)))
 
 
 def test_config_errors():

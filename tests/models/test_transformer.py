@@ -1,5 +1,6 @@
 """Tests for models.transformer: shapes, causality, its one matmul and the keys it gets."""
 
+import dataclasses
 import chex
 import jax
 import jax.numpy as jnp
@@ -149,6 +150,72 @@ def test_each_matmul_issues_from_its_module_path():
       f"block_{i}/ff_out")] + ["head"]
   assert [r.path for r in records] == expected
   assert {r.kind for r in records} == {"dot_general"}
+
+
+def _compensated_linear(rank=3, features=5, fan_in=8):
+  """A rank-``rank`` compensated Linear with every parameter random (comp_v starts at
+  zeros), and an input."""
+  layer = transformer.Linear(features, rank=rank)
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, fan_in))
+  params = layer.init(KEY, x, KEY)["params"]
+  assert set(params) == {"kernel", "comp_v", "comp_sigma", "comp_u"}
+  np.testing.assert_array_equal(params["comp_v"], 0.0)
+  np.testing.assert_array_equal(params["comp_sigma"], 1.0)
+  chex.assert_shape((params["comp_v"], params["comp_u"]), [(fan_in, rank), (rank, features)])
+  params = {k: jax.random.normal(jax.random.PRNGKey(i + 2), v.shape)
+            for i, (k, v) in enumerate(sorted(params.items()))}
+  return layer, params, x
+
+
+def test_compensation_branch_computes_alto_formula():
+  """y = x K + ((x V) * sigma) U (ALTO §3.8), against float64 NumPy."""
+  layer, params, x = _compensated_linear()
+  y = layer.apply({"params": params}, x, KEY)
+  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  xf = np.asarray(x, np.float64)
+  ref = xf @ p["kernel"] + ((xf @ p["comp_v"]) * p["comp_sigma"]) @ p["comp_u"]
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_compensation_branch_runs_under_the_projection_rule():
+  """All three GEMMs of a compensated projection follow its rule: under a bf16 rule
+  each rounds its two operands to bf16 (ml_dtypes) and accumulates in float32."""
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  layer, params, x = _compensated_linear()
+  rules = [quantization.Rule(".*", "bf16")]
+  with quantization.recording() as records:
+    y = quantization.quantize_model(layer, rules).apply({"params": params}, x, KEY)
+  assert [r.op_id for r in records] == ["dot_general_0", "dot_general_1", "dot_general_2"]
+  assert all(r.rule is rules[0] for r in records)
+  bf = lambda a: np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+  p = {k: np.asarray(v, np.float32) for k, v in params.items()}
+  xv = (bf(x) @ bf(p["comp_v"])).astype(np.float32) * p["comp_sigma"]
+  ref = bf(x) @ bf(p["kernel"]) + bf(xv) @ bf(p["comp_u"])
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+  full = layer.apply({"params": params}, x, KEY)
+  assert not np.allclose(y, full, rtol=1e-5, atol=1e-5)  # the rule did round
+
+
+def test_compensation_starts_at_zero_and_covers_the_block_projections():
+  """ALTO's initialization (comp_v = 0) leaves the model's output unchanged, bit for
+  bit; the branch sits on q/k/v, output and dense feed-forward projections only."""
+  tokens = jax.random.randint(KEY, (2, 16), 0, CFG.vocab_size)
+  compensated = DecoderLM(dataclasses.replace(CFG, compensation_rank=2))
+  params = _init(compensated)
+  plain = dict(params)
+  for i in range(CFG.num_layers):
+    plain[f"block_{i}"] = {m: {k: v for k, v in sub.items() if not k.startswith("comp_")}
+                           if "kernel" in sub else sub
+                           for m, sub in params[f"block_{i}"].items()}
+    compensated_modules = sorted(m for m, sub in params[f"block_{i}"].items()
+                                 if "comp_u" in sub)
+    assert compensated_modules == ["attn_out", "ff_in", "ff_out", "qkv"]
+  assert "comp_u" not in params["head"]
+  np.testing.assert_array_equal(
+      compensated.apply({"params": params}, tokens, KEY),
+      DecoderLM(CFG).apply({"params": plain}, tokens, KEY))
+  with pytest.raises(ValueError, match="compensation_rank must be >= 0"):
+    TransformerConfig(vocab_size=5, compensation_rank=-1)
 
 
 MOE = TransformerConfig(vocab_size=17, d_model=32, num_layers=2, num_heads=4, d_ff=32,

@@ -55,6 +55,33 @@ def test_two_arms_train_log_and_write_results(tmp_path, overrides):
   assert meta["config"]["deoscillation"] == bool(overrides.get("deoscillation"))
 
 
+def test_compensation_and_curve_metrics(tmp_path):
+  """A compensated MXFP4 run's results row carries the steps to the target loss and
+  the late gain, recomputed here from its logged eval curve."""
+  config = dataclasses.replace(TINY, compensation_rank=2, late_from=6, num_steps=18)
+  first = alto.train_and_evaluate(config, RunOptions(workdir=str(tmp_path / "probe")))
+  losses = dict(read_scalars(str(tmp_path / "probe"))["eval/loss"])
+  # A target between the evaluations at steps 6 and 12, and one never reached.
+  target = 0.5 * (losses[6] + losses[12])
+  assert losses[12] < target < losses[6] and min(losses.values()) == losses[18]
+  for goal, reached in ((target, True), (0.5 * losses[18], False)):
+    wd = tmp_path / f"run{int(reached)}"
+    summary = alto.train_and_evaluate(dataclasses.replace(config, target_loss=goal),
+                                      RunOptions(workdir=str(wd)))
+    m = summary["metrics"]
+    assert m["eval/loss"] == first["metrics"]["eval/loss"]  # deterministic
+    expected = 6 + 6 * (losses[6] - goal) / (losses[6] - losses[12]) if reached else 18
+    np.testing.assert_allclose(m["eval/steps_to_target"], expected, rtol=1e-6)
+    assert m["eval/target_reached"] == float(reached)
+    np.testing.assert_allclose(m["eval/late_gain"], losses[6] - losses[18], rtol=1e-6)
+  scalars = read_scalars(str(wd))
+  assert "eval/steps_to_target" in scalars and "eval/late_gain" in scalars  # for the report
+  with pytest.raises(ValueError, match="late_from=5 must be an evaluated step"):
+    dataclasses.replace(TINY, late_from=5)
+  with pytest.raises(ValueError, match="late_from=12 must be an evaluated step"):
+    dataclasses.replace(TINY, late_from=12)
+
+
 def test_recipe_options_build_the_named_variants():
   for option, suffix in (("dge", "+dge"), ("static_clip", "+static_clip"),
                          ("dynamic_clip", "+dynamic_clip"), ("macro_block", "+mbs")):
