@@ -27,7 +27,7 @@ from launch.report import build_report
 
 # experiments/<these> : every sweep report built under the evidence rules
 REPORTS = ("lm/report", "alto/report", "alto/report_negative", "alto/report_confirm",
-           "alto/report_confirm2",
+           "alto/report_confirm2", "alto/report_untested",
            "fair_cast/report",
            "looped_rl/report", "kv_cache/report", "optimizer_state/report", "qlora/report",
            "stale_sampler/report", "mxfp8_rl/report", "mxfp8_rl/report_faults",
