@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import operator_snr
 from lowprec.numerics.outlier_data import outlier_data

@@ -31,13 +31,13 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from experiments.common import log_filters
-from experiments.common.config_flags import parse_flags
-from experiments.common.repo_paths import repo_relative
-from experiments.common.sweep_data import (read_manifest, read_sweep_info,
-                                           read_sweep_results, run_dir)
-from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
-                                                   read_scalars)
+from experiments.common.evidence.tensorboard_reader import (event_files, read_hparams_experiment,
+                                                            read_scalars)
+from experiments.common.harness import log_filters
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.harness.repo_paths import repo_relative
+from experiments.common.sweeps.sweep_data import (read_manifest, read_sweep_info,
+                                                  read_sweep_results, run_dir)
 from launch import tensorboard_views
 
 SUFFIX = ".row_metrics"

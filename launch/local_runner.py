@@ -26,10 +26,10 @@ from typing import Any, Callable, Sequence
 
 from absl import logging
 
-from experiments.common import workdir as workdir_lib
-from experiments.common.preemption import PREEMPTED_EXIT_CODE
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import read_results
+from experiments.common.evidence.results import read_results
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch.manifest import RunSpec
 
 # Asks for SIGTERM when the runner dies (the setting survives exec), exits if it already

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from absl import app, flags
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 
 FLAGS = flags.FLAGS
 

@@ -16,17 +16,17 @@ import os
 import shlex
 from typing import Any, Mapping, Sequence
 
-from experiments.common.config_flags import config_to_flags, replace_checked
-from experiments.common.repo_paths import repo_relative
-from experiments.common.run_metadata import git_state
-from experiments.common.sweep_spec import Sweep
+from experiments.common.harness.config_flags import config_to_flags, replace_checked
+from experiments.common.harness.repo_paths import repo_relative
+from experiments.common.harness.run_metadata import git_state
+from experiments.common.sweeps.sweep_spec import Sweep
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """One manifest line. ``workdir`` and ``results_file`` are as the command passes them
   (relative to the repository root when inside it); readers of a sweep directory locate
-  a run by its name (:func:`experiments.common.sweep_data.run_dir`)."""
+  a run by its name (:func:`experiments.common.sweeps.sweep_data.run_dir`)."""
 
   index: int
   run_name: str

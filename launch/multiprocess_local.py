@@ -20,7 +20,7 @@ from typing import NamedTuple, Sequence
 
 from absl import app, flags
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """The registry of declared sweeps: ``name -> "module:function"`` in the papers' folders.
 
 Each paper declares its sweeps in ``experiments/<paper>/sweeps.py`` (functions returning
-an :class:`experiments.common.sweep_spec.Sweep`); this table names them. A declaration
+an :class:`experiments.common.sweeps.sweep_spec.Sweep`); this table names them. A declaration
 is imported only when its sweep is asked for, never at the top of ``launch``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from experiments.common.sweep_spec import Sweep
+from experiments.common.sweeps.sweep_spec import Sweep
 
 _REGISTRY: dict[str, str] = {
     "lm_recipes": "experiments.lm.sweeps:lm_recipes",

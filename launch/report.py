@@ -26,13 +26,13 @@ from typing import Any, Callable
 
 from absl import app, flags
 
-from experiments.common.config_flags import flag_value, parse_flags
-from experiments.common.curve_plots import plot_curves
-from experiments.common import log_filters
-from experiments.common.stats import decide_claim, paired_difference, summarize
-from experiments.common.sweep_data import (read_manifest, read_sweep_info, read_sweep_results,
-                                           run_dir)
-from experiments.common.tensorboard_reader import has_event_files, read_scalars
+from experiments.common.evidence.curve_plots import plot_curves
+from experiments.common.evidence.stats import decide_claim, paired_difference, summarize
+from experiments.common.evidence.tensorboard_reader import has_event_files, read_scalars
+from experiments.common.harness.config_flags import flag_value, parse_flags
+from experiments.common.harness import log_filters
+from experiments.common.sweeps.sweep_data import (read_manifest, read_sweep_info,
+                                                  read_sweep_results, run_dir)
 from launch import registry
 from launch import sequential_runner
 from launch import tensorboard_views
@@ -131,8 +131,8 @@ def tensorboard_lines(info: dict[str, Any], recorded_dir: str, arms: int, runs: 
 def claim_verdict(claim: dict[str, Any], arm: dict[int, float], baseline: dict[int, float],
                   higher_is_better: bool) -> tuple[str, str]:
   """(statistics cell, verdict) of one declared claim (see
-  :class:`experiments.common.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value.
-  The verdict is :func:`experiments.common.stats.decide_claim`'s."""
+  :class:`experiments.common.sweeps.sweep_spec.Claim`); ``arm``/``baseline`` map seed -> value.
+  The verdict is :func:`experiments.common.evidence.stats.decide_claim`'s."""
   c = decide_claim(claim["kind"], claim.get("margin") or 0.0, arm, baseline,
                    higher_is_better)
   d, e = c.difference, c.equivalence

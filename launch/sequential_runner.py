@@ -1,6 +1,6 @@
 """Sequential sweeps: the look-by-look loop, its record, and the report's claims table.
 
-A sweep that declares a :class:`experiments.common.sequential.SequentialPlan` runs in
+A sweep that declares a :class:`experiments.common.sweeps.sequential.SequentialPlan` runs in
 looks (docs/sweeps.md, "Sequential sweeps"). :func:`run_sequential`, called by
 ``launch.sweep``, repeats: schedule the next batch of the plan's seeds for the arms
 that an undecided claim names (as arm or baseline), run them (runs that already have
@@ -22,10 +22,10 @@ import json
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
-from experiments.common.sequential import (ClaimOutcome, SequentialPlan, arms_needed,
-                                           interval_cell, sweep_outcomes)
-from experiments.common.sweep_data import evaluation_metrics, read_sweep_results
-from experiments.common.sweep_spec import Sweep
+from experiments.common.sweeps.sequential import (ClaimOutcome, SequentialPlan, arms_needed,
+                                                  interval_cell, sweep_outcomes)
+from experiments.common.sweeps.sweep_data import evaluation_metrics, read_sweep_results
+from experiments.common.sweeps.sweep_spec import Sweep
 from launch.manifest import RunSpec
 
 LOOKS_FILE = "looks.jsonl"

@@ -24,8 +24,8 @@ import shlex
 import sys
 from typing import Sequence
 
-from experiments.common.preemption import PREEMPTED_EXIT_CODE
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch.manifest import RunSpec
 
 

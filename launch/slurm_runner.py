@@ -24,9 +24,9 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
-from experiments.common.preemption import PREEMPTED_EXIT_CODE
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import read_results
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.preemption import PREEMPTED_EXIT_CODE
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch.manifest import RunSpec
 from launch.slurm import SlurmOptions, array_spec, write_array_script
 

@@ -38,13 +38,13 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
-from experiments.common import log_filters
-from experiments.common import workdir as workdir_lib
-from experiments.common.config_flags import parse_flags, parse_override
-from experiments.common.repo_paths import REPO_DIR, repo_relative
-from experiments.common.run_metadata import git_state
-from experiments.common.sweep_data import read_sweep_info
-from experiments.common.sweep_spec import Sweep
+from experiments.common.harness import log_filters
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.config_flags import parse_flags, parse_override
+from experiments.common.harness.repo_paths import REPO_DIR, repo_relative
+from experiments.common.harness.run_metadata import git_state
+from experiments.common.sweeps.sweep_data import read_sweep_info
+from experiments.common.sweeps.sweep_spec import Sweep
 from launch import registry
 from launch import sequential_runner
 from launch import tensorboard_views

@@ -47,17 +47,16 @@ from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
-from experiments.common import log_filters
-from experiments.common.config_flags import parse_flags
-from experiments.common.stats import mean_interval
-from experiments.common.sweep_data import (config_value, read_manifest, read_sweep_info,
-                                           read_sweep_results, run_dir)
-from experiments.common.tensorboard_reader import (SWEEP_SUMMARY_FILE, event_files,
-                                                   read_hparams_experiment,
-                                                   read_scalars)
-from experiments.common.tensorboard_writer import (FIXED_WALL_TIME, HParamValue,
-                                                   hparams_experiment_summary, shown_hparams,
-                                                   write_event_file)
+from experiments.common.evidence.stats import mean_interval
+from experiments.common.evidence.tensorboard_reader import (SWEEP_SUMMARY_FILE, event_files,
+                                                            read_hparams_experiment, read_scalars)
+from experiments.common.evidence.tensorboard_writer import (FIXED_WALL_TIME, HParamValue,
+                                                            hparams_experiment_summary,
+                                                            shown_hparams, write_event_file)
+from experiments.common.harness import log_filters
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.sweeps.sweep_data import (config_value, read_manifest, read_sweep_info,
+                                                  read_sweep_results, run_dir)
 from launch.manifest import swept_values
 
 EXPERIMENT_FILE = SWEEP_SUMMARY_FILE
@@ -98,7 +97,7 @@ def write_experiment(sweep_dir: str, run_names: Sequence[str],
 
 def read_experiment(sweep_dir: str) -> dict[str, Any] | None:
   """The per-seed runs' HParams experiment summary (in the manifest's first run), as
-  :func:`experiments.common.tensorboard_reader.read_hparams_experiment` reads it."""
+  :func:`experiments.common.evidence.tensorboard_reader.read_hparams_experiment` reads it."""
   manifest = read_manifest(sweep_dir)
   return read_hparams_experiment(run_dir(sweep_dir, manifest[0]["run_name"])) if manifest \
       else None

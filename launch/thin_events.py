@@ -28,7 +28,7 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 
 _HPARAMS_PREFIX = "_hparams_/"
 

@@ -7,7 +7,7 @@ sharing them across runs would need a cache key in library code, one that goes s
 silently when a field it forgets changes what is traced. This cache is keyed by the
 lowered program (and the compile options and backend), so a run whose program differs
 compiles it afresh and a hit is the executable that program compiles to. It is what
-:func:`experiments.common.script.turn_on_compilation_cache` turns on in every
+:func:`experiments.common.harness.script.turn_on_compilation_cache` turns on in every
 experiment script, and what JAX's own test suite can run under
 (``jax._src.test_util``).
 """

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 _USER_MODELS = textwrap.dedent("""
     from flax import linen as nn

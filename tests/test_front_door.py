@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 
 def _python(code: str) -> subprocess.CompletedProcess:

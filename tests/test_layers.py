@@ -6,14 +6,14 @@ harness (``experiments/common``, ``experiments/benchmarks``) imports no paper's 
 and a paper's folder imports no other paper's, except the edges listed in
 ``_PAPER_EDGES`` (none now, and the list may only shrink: the LM trainer that alto,
 optimizer_state and qlora used to import from the ``lm`` paper is the harness's
-``experiments.common.lm_trainer``, and the MoE LM that optimizer_state inherited from
-alto's config is ``experiments.common.moe_lm``).
+``experiments.common.trainers.lm_trainer``, and the MoE LM that optimizer_state
+inherited from alto's config is ``experiments.common.trainers.moe_lm``).
 """
 
 import ast
 import os
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 _ORDER = {"numerics": 0, "models": 1, "experiments": 2, "launch": 3}
 _HARNESS = ("common", "benchmarks")
@@ -23,7 +23,9 @@ _PAPER_EDGES: set[tuple[str, str]] = set()
 def _modules(package: str):
   """(file relative to the repo, imported module) for every absolute import."""
   for d, dirs, files in os.walk(os.path.join(REPO_DIR, package)):
-    dirs[:] = [x for x in dirs if not x.startswith(("report", "__pycache__", "data"))]
+    # A data folder is read only where it is a package (experiments/common/data is).
+    dirs[:] = [x for x in dirs if not x.startswith(("report", "__pycache__")) and not (
+        x.startswith("data") and not os.path.isfile(os.path.join(d, x, "__init__.py")))]
     for f in files:
       if f.endswith(".py"):
         path = os.path.join(d, f)

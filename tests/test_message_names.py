@@ -10,7 +10,7 @@ import ast
 import pathlib
 import re
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 _BARE = re.compile(r"(?<![\w.])(models|numerics)\.[A-Za-z_]")
 

@@ -20,7 +20,7 @@ import types
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 DOCS = ["README.md"] + sorted(
     os.path.join("docs", f) for f in os.listdir(os.path.join(REPO_DIR, "docs"))

@@ -1,6 +1,6 @@
 """``python -m experiments.alto``: one run (see :mod:`experiments.alto.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.alto import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

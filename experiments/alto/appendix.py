@@ -16,12 +16,12 @@ import collections
 import json
 import os
 
-from experiments.common.curve_plots import plot_curves
-from experiments.common.curves import steps_to_target, value_at
-from experiments.common.stats import format_spread, mean_interval
-from experiments.common.sweep_data import (completed_curves, read_manifest,
-                                          read_sweep_info, run_dir)
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.curve_plots import plot_curves
+from experiments.common.evidence.curves import steps_to_target, value_at
+from experiments.common.evidence.stats import format_spread, mean_interval
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.sweeps.sweep_data import (completed_curves, read_manifest, read_sweep_info,
+                                                  run_dir)
 
 
 def _interval(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -175,7 +175,7 @@ def write_snr_data(report_dir: str, shape: dict[str, int] = SNR_SHAPE) -> str:
   """Measures every cell of the SNR table (about a minute on 2 cores) and writes them to
   ``report_dir/operator_snr.json`` with the git state; returns the path. The report
   reads the committed file (:func:`snr_table`) instead of measuring on every rebuild."""
-  from experiments.common import run_metadata  # pylint: disable=import-outside-toplevel
+  from experiments.common.harness import run_metadata  # pylint: disable=import-outside-toplevel
   rows = [{"label": label, "recipe": recipe,
            **{gemm: measure_snr(label, recipe, gemm, shape) for gemm in ("linear", "grouped")}}
           for label, recipe in SNR_RECIPES]
@@ -243,7 +243,7 @@ def alto_appendix(sweep_dir: str) -> str:
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
   from experiments.alto.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
 
 
@@ -251,5 +251,5 @@ def confirm2_appendix(sweep_dir: str) -> str:
   """The second confirmatory sweep's appendix: the pilot beside each claim, the
   undecided claims' needs, and the sizing."""
   from experiments.alto.sweeps import CONFIRM2_PILOTS  # pylint: disable=import-outside-toplevel
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM2_PILOTS)

@@ -6,9 +6,10 @@
     python -m launch.sweep --sweep=alto                          # the ablation table
 
 The model is :class:`models.transformer.DecoderLM` with a top-k MoE feed-forward in every
-block (:class:`experiments.common.moe_lm.MoELMConfig`); the recipe quantizes the attention projections and the grouped expert GEMMs, and
-the router, attention products and LM head stay bf16 (ALTO's convention, the rule list
-of :func:`experiments.common.recipe_flag.model_rules`). ``--recipe_options``
+block (:class:`experiments.common.trainers.moe_lm.MoELMConfig`); the recipe quantizes
+the attention projections and the grouped expert GEMMs, and the router, attention
+products and LM head stay bf16 (ALTO's convention, the rule list of
+:func:`experiments.common.trainers.recipe_flag.model_rules`). ``--recipe_options``
 adds ALTO's negative-result options to the recipe (:mod:`numerics.recipes`:
 ``with_dge``, ``with_static_clipping``, ``with_dynamic_clipping``,
 ``with_macro_blocks``); ``--deoscillation`` chains
@@ -19,7 +20,7 @@ projections (:class:`models.transformer.Linear`; its GEMMs run the projections'
 recipe). ``--target_loss`` and ``--late_from`` add two curve metrics to the results
 row: the steps to a validation loss, and the loss drop after a step (ALTO's
 steps-to-target overhead and late de-oscillation benefit). Training, logging, checkpointing
-and resume are :func:`experiments.common.lm_trainer.train_and_evaluate`'s.
+and resume are :func:`experiments.common.trainers.lm_trainer.train_and_evaluate`'s.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from typing import Any
 import jax
 import optax
 
-from experiments.common import curves
-from experiments.common import lm_trainer
-from experiments.common import moe_lm
-from experiments.common.config_flags import config_field
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence import curves
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers import moe_lm
 from lowprec.models.transformer import TransformerConfig
 from lowprec.numerics import qdot
 from lowprec.numerics import tree_paths
@@ -185,5 +186,6 @@ def quantized_weight_mask(params: Any) -> Any:
 
 
 def train_and_evaluate(config: AltoConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one ALTO run; returns its summary (see experiments.common.lm_trainer)."""
+  """Trains and evaluates one ALTO run; returns its summary (see
+  experiments.common.trainers.lm_trainer)."""
   return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

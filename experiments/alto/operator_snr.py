@@ -19,8 +19,8 @@ from absl import app
 from absl import flags
 import jax
 
-from experiments.common import log_filters
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness import log_filters
+from experiments.common.harness.config_flags import parse_flags
 from lowprec.numerics import operator_snr
 
 

@@ -46,7 +46,7 @@ The ratio is ALTO's 4.
 
 **Claims.** They are declared here, before the runs (:func:`_claims`). Each compares
 the final validation loss ``eval/loss``, paired by seed, with the verdict rule of
-:class:`experiments.common.sweep_spec.Claim`. Three seeds give little power: a
+:class:`experiments.common.sweeps.sweep_spec.Claim`. Three seeds give little power: a
 "not decided" verdict is not a tie. The equivalence margin for NVFP4 vs MXFP4 is 0.02
 nats, stated before the runs: ALTO's two GBS differ by 0.002 and 0.04.
 
@@ -64,9 +64,9 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.alto.experiment import AltoConfig
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 
 SEEDS = (0, 1, 2)
 CALIBRATION_SEEDS = (100,)

@@ -70,10 +70,10 @@ from lowprec.numerics import kernels  # pylint: disable=wrong-import-position
 from lowprec.numerics import recipes as recipes_lib  # pylint: disable=wrong-import-position
 from lowprec.numerics.kernels import compile_check  # pylint: disable=wrong-import-position
 from experiments.benchmarks.qtrain_step import lm_train_step  # pylint: disable=wrong-import-position
-from experiments.common import recipe_flag  # pylint: disable=wrong-import-position
-from experiments.common import repo_paths  # pylint: disable=wrong-import-position
-from experiments.common import run_metadata  # pylint: disable=wrong-import-position
-from experiments.common.config_flags import parse_flags  # pylint: disable=wrong-import-position
+from experiments.common.harness import repo_paths  # pylint: disable=wrong-import-position
+from experiments.common.harness import run_metadata  # pylint: disable=wrong-import-position
+from experiments.common.harness.config_flags import parse_flags  # pylint: disable=wrong-import-position
+from experiments.common.trainers import recipe_flag  # pylint: disable=wrong-import-position
 from lowprec.models import transformer  # pylint: disable=wrong-import-position
 from lowprec.numerics.rounding import Stochastic
 

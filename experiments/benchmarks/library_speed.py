@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from lowprec import models
 from lowprec import numerics
 from lowprec.numerics import kernels

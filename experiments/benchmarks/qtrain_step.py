@@ -19,8 +19,8 @@ from absl import flags
 import jax
 import optax
 
-from experiments.common import recipe_flag
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.trainers import recipe_flag
 from lowprec.models import quantization
 from lowprec.models import transformer
 

@@ -24,7 +24,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from lowprec import numerics
 from lowprec.numerics import blockscale
 

@@ -45,7 +45,7 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from lowprec.numerics.kernels import compile_check
 
 SINGLE = tuple(t.name for t in compile_check.TARGETS)  # H200, B200, v5e, v6e
@@ -189,7 +189,7 @@ def compile_step(case: Case, size: Size) -> dict:
   import optax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import qtrain_step  # pylint: disable=g-import-not-at-top
-  from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
+  from experiments.common.trainers import recipe_flag  # pylint: disable=g-import-not-at-top
   from lowprec.models import transformer  # pylint: disable=g-import-not-at-top
   from lowprec.numerics import kernels  # pylint: disable=g-import-not-at-top
   from lowprec.numerics import recipes  # pylint: disable=g-import-not-at-top
@@ -308,7 +308,7 @@ def main(argv: Sequence[str]) -> int:
   f = flags.FLAGS
   if f.child:
     return _child_main(f)
-  from experiments.common import recipe_flag  # pylint: disable=g-import-not-at-top
+  from experiments.common.trainers import recipe_flag  # pylint: disable=g-import-not-at-top
   recipes = f.recipes if f.recipes is not None else list(recipe_flag.available_recipes())
   for name, given, known in (("--targets", f.targets, TARGETS),
                              ("--layouts", f.layouts, LAYOUTS),

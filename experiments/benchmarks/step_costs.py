@@ -21,7 +21,7 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from lowprec.numerics.kernels import compile_check
 
 

@@ -1,31 +1,27 @@
-"""The shared experiment harness, one concept per module.
+"""The shared experiment code, one sub-package per concern (each module one concept).
 
-- ``run``: one run of an experiment (workdir claim and lock, checkpoints and restore,
-  the writer, run metadata, the loop schedule, the results row); ``script``: the
-  ``python -m experiments.<paper>`` entry point; ``config_flags``: absl flags generated
-  from a frozen config dataclass (``--help`` lists all); ``run_options``: per-run
-  options (workdir, resume, results file, multi-process flags).
-- ``train_loop``: TrainState (params, optimizer and quantization state), the jitted
-  ``train_step(state, batch, key)``, the loop and its periodic settings
-  (``periodic_field``);
-  ``lm_trainer``: the Shakespeare LM trainer of lm, alto, optimizer_state and qlora;
-  ``rl/``: the RL loop of three papers.
-- ``checkpoint``: orbax checkpoints of state, PRNG key, data position and step;
-  ``workdir``: the run directory's claim; ``preemption``: SIGTERM and SIGINT.
-- ``tensorboard_writer`` / ``tensorboard_reader``: TF-free events (scalars, histograms,
-  HParams) and reading them back.
-- ``progress``, ``log_filters``: progress lines, quiet library INFO.
-- ``results``, ``results_file``, ``run_metadata``: the JSONL results table and
-  benchmark JSONs; config.json with the git commit.
-- ``sweep_spec``, ``sweep_data``, ``sequential``, ``confirmatory``, ``stats``,
-  ``curves``, ``curve_plots``: sweep declarations, reading a sweep back, sequential
-  plans, confirmatory reports, statistics and plots.
-- ``distributed``: ``jax.distributed`` when launched by a cluster, the data mesh.
-- ``recipe_flag``: a ``--recipe`` (name or Recipe) -> the rule list that
-  ``models.quantize_model`` applies to the experiments' models, and the single-GEMM
-  ``dot_general`` of tools such as the weight inspector.
-- ``weight_inspection``: weight histograms and per-kernel quantization error.
-- ``shakespeare``, ``digits``, ``arithmetic_task``: offline data
-  (``optional_imports`` names the package to install when one is missing);
-  ``params_cache``: trained bases shared by runs; ``repo_paths``: the repository root.
+- ``harness/``: one run of any experiment: the ``python -m experiments.<paper>`` entry
+  point (``script``), absl flags from a frozen config dataclass (``config_flags``),
+  per-run options (``run_options``), the run itself (``run``: ``workdir``'s claim and
+  lock, ``checkpoint``'s orbax checkpoints, the writer, ``run_metadata``, the results
+  row), the shared ``train_loop``, ``preemption``, ``progress``, ``log_filters``,
+  ``distributed``, ``private_dirs``, ``params_cache``, ``optional_imports`` and
+  ``repo_paths``.
+- ``trainers/``: the trainers papers share: ``lm_trainer`` (the Shakespeare LM trainer)
+  with ``moe_lm``, ``recipe_flag`` (a ``--recipe`` -> the rule list that
+  ``models.quantize_model`` applies), ``weight_inspection``, and ``rl/`` (the RL loop of
+  three papers).
+- ``data/``: offline tasks and data: ``shakespeare``, ``arithmetic_task``, ``digits``.
+- ``evidence/``: what a run leaves and reading it back: the JSONL results table
+  (``results``, ``results_file``), TF-free TensorBoard events (``tensorboard_writer``,
+  ``tensorboard_reader``), ``curves`` and ``curve_plots``, and ``stats``.
+- ``sweeps/``: the sweep's one home below ``launch``: declarations (``sweep_spec``),
+  reading a sweep directory back (``sweep_data``), sequential plans (``sequential``),
+  confirmatory reports (``confirmatory``) and benchmark claims decided by rounds
+  (``bench_sequential``).
+
+Imports among them: ``data`` uses ``harness``; ``sweeps`` use ``harness`` and ``evidence``;
+``trainers`` use every other one; ``harness`` and ``evidence`` use each other (a run
+writes its events and closes with ``evidence.results``' row, which reads the run's
+workdir). Papers' folders import any of them; none imports ``launch``.
 """

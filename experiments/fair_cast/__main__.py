@@ -1,6 +1,6 @@
 """``python -m experiments.fair_cast``: one run (see :mod:`experiments.fair_cast.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.fair_cast import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

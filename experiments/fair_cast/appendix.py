@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from experiments.common.rl.report import completed_runs, spread
-from experiments.common.stats import paired_difference, sign_test
-from experiments.common.sweep_data import config_value, evaluation_metrics
+from experiments.common.evidence.stats import paired_difference, sign_test
+from experiments.common.sweeps.sweep_data import config_value, evaluation_metrics
+from experiments.common.trainers.rl.report import completed_runs, spread
 from experiments.fair_cast.sweeps import RL_LRS, arm_name
 
 # Updates whose timing is left out of the step-time ratio (compilation, warm-up).
@@ -185,6 +185,6 @@ def fair_cast_appendix(sweep_dir: str) -> str:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.fair_cast.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -11,7 +11,7 @@ the masters on the bf16 grid: the time does not depend on their values), one bat
 the sweep's shape (16 problems x 8 samples, random tokens and advantages) and:
 
 * ``update``: the learner's jitted GRPO step exactly as the RL loop runs it
-  (:func:`experiments.common.rl.loop.learner_step_fns`: forward, backward, Adam);
+  (:func:`experiments.common.trainers.rl.loop.learner_step_fns`: forward, backward, Adam);
 * ``export/<rounding>``: the jitted export of the masters to bf16 with that rounding
   (:func:`numerics.export.export`; error feedback with its residual state);
 * ``host_metrics``: one call of the sweep's ``ExportMonitor.on_sync`` at an update
@@ -45,11 +45,11 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from experiments.common import arithmetic_task as task
-from experiments.common import run_metadata
-from experiments.common.config_flags import parse_flags
-from experiments.common.results import write_benchmark
-from experiments.common.rl.loop import learner_step_fns
+from experiments.common.data import arithmetic_task as task
+from experiments.common.evidence.results import write_benchmark
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.trainers.rl.loop import learner_step_fns
 from experiments.fair_cast.experiment import ExportMonitor, FairCastConfig
 from experiments.fair_cast.sweeps import ROUNDINGS, fair_cast
 from lowprec.numerics.benchmarking import interleaved, ratio_summary

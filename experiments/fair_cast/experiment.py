@@ -4,8 +4,8 @@
     python -m experiments.fair_cast --export_rounding=stochastic
     python -m experiments.fair_cast --export_rounding=error_feedback --loss_on_served
 
-GRPO on 3-digit addition (the shared RL loop of :mod:`experiments.common.rl.loop`) with float32
-master weights and a sampler that serves a bf16 (``--export_format``) copy, exported
+GRPO on 3-digit addition (the shared RL loop of
+:mod:`experiments.common.trainers.rl.loop`) with float32 master weights and a sampler that serves a bf16 (``--export_format``) copy, exported
 from the masters at every update (``refresh_interval`` 1) with
 :func:`numerics.export.export`: ``nearest`` (round half to even: updates smaller than
 half an ulp never reach the sampler), ``stochastic`` (unbiased) or ``error_feedback``
@@ -44,10 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common.config_flags import config_field
-from experiments.common.rl import config as rl_config
-from experiments.common.rl import loop
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers.rl import config as rl_config
+from experiments.common.trainers.rl import loop
 from lowprec.numerics import export as export_lib
 from lowprec.numerics import tree_paths
 

@@ -36,7 +36,7 @@ below; nothing else was chosen on a seed (the control lr comes from the first sw
 
 **Decided before the runs.** The claims below (:func:`_claims`), each a paired
 comparison over the 4 seeds with the verdict rule of
-:class:`experiments.common.sweep_spec.Claim`. The learner's greedy accuracy on its 256
+:class:`experiments.common.sweeps.sweep_spec.Claim`. The learner's greedy accuracy on its 256
 held-out problems (``accuracy/mean_over_training``, ``accuracy/last_quarter``: the
 learner's policy) and the sampled reward (``reward/mean_over_training``: the served
 policy's samples) are separate metrics and separate claims: a served copy that lags
@@ -65,9 +65,9 @@ Adam) and the served arms run with TIS only (see above) to keep the hour.
 from __future__ import annotations
 
 import zlib
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.fair_cast.experiment import FairCastConfig
 from lowprec.numerics.export import EXPORT_ROUNDINGS
 

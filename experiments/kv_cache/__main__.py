@@ -1,6 +1,6 @@
 """``python -m experiments.kv_cache``: one run (see :mod:`experiments.kv_cache.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.kv_cache import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from experiments.common.stats import format_spread
-from experiments.common.sweep_data import evaluation_metrics
+from experiments.common.evidence.stats import format_spread
+from experiments.common.sweeps.sweep_data import evaluation_metrics
 
 FAIL_ACCURACY = 0.05  # "fails to answer any questions": below 5% exact matches
 # A base below this with the fp32 cache has not learned the task: a cache cannot be
@@ -64,7 +64,7 @@ def kv_cache_appendix(sweep_dir: str) -> str:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.kv_cache.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
 

@@ -20,7 +20,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from experiments.kv_cache.experiment import parse_cache
 from lowprec.models import kv_cache, sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig

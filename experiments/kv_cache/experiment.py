@@ -6,8 +6,8 @@
         --key_outlier_log2=8
 
 Evaluation only (nothing is trained per run). The base model is the RL experiments'
-supervised warm start on 3-digit addition (:func:`experiments.common.rl.warm_start.warm_start`,
-cached by config hash under ``pretrain_dir``), one base per ``seed`` (its
+supervised warm start on 3-digit addition
+(:func:`experiments.common.trainers.rl.warm_start.warm_start`, cached by config hash under ``pretrain_dir``), one base per ``seed`` (its
 ``pretrain_seed``), with 4 heads of 16 (so an MX cache of this model needs blocks of
 16: ``e4m3/block/16``; with 2 heads of 32 the warm start does not learn). Its
 keys can be given outlier channels by :func:`experiments.kv_cache.outliers.scale_key_channels`
@@ -50,12 +50,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import arithmetic_task as task
-from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
-from experiments.common.rl.config import RLConfig
-from experiments.common.rl.warm_start import warm_start
-from experiments.common import run as run_lib
-from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.data import arithmetic_task as task
+from experiments.common.harness.config_flags import SEED_DOMAIN, check_fields, config_field
+from experiments.common.harness import run as run_lib
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.trainers.rl.config import RLConfig
+from experiments.common.trainers.rl.warm_start import warm_start
 from experiments.kv_cache.outliers import scale_key_channels
 from experiments.kv_cache import weights as weights_lib
 from lowprec.models import kv_cache, sampling

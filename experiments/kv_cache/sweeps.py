@@ -78,9 +78,9 @@ fp32 cache's accuracy is the same in every condition (the reparametrization is e
 
 from __future__ import annotations
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.kv_cache.experiment import KVCacheConfig
 
 SEEDS = (1, 2, 3)

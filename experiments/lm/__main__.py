@@ -1,6 +1,6 @@
 """``python -m experiments.lm``: one run (see :mod:`experiments.lm.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.lm import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

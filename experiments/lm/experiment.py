@@ -7,7 +7,7 @@
 Writes TensorBoard events, ``config.json`` (config + git commit), orbax checkpoints under
 ``<workdir>/checkpoints`` and, when the run completes, one row in ``--results_file``.
 The default workdir is ``runs/lm/<flags that differ from the defaults>``. The trainer
-is the harness's :mod:`experiments.common.lm_trainer`, which ALTO, the optimizer-state
+is the harness's :mod:`experiments.common.trainers.lm_trainer`, which ALTO, the optimizer-state
 study and QLoRA build on too.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.common import lm_trainer
-from experiments.common.lm_trainer import LMConfig
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers.lm_trainer import LMConfig
 
 EXPERIMENT = "lm"
 __all__ = ["EXPERIMENT", "LMConfig", "train_and_evaluate"]

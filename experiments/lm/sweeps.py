@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from experiments.common.sweep_spec import Arm, Sweep
+from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from experiments.lm.experiment import LMConfig
 
 

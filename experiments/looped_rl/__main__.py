@@ -1,6 +1,6 @@
 """``python -m experiments.looped_rl``: one run (see :mod:`experiments.looped_rl.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.looped_rl import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from experiments.common.stats import format_spread
-from experiments.common.sweep_data import evaluation_metrics
+from experiments.common.evidence.stats import format_spread
+from experiments.common.sweeps.sweep_data import evaluation_metrics
 
 
 
@@ -45,6 +45,6 @@ def looped_rl_appendix(sweep_dir: str) -> str:
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the count claims beside the pilot's counts, then
   the per-arm exactness table."""
-  from experiments.common.confirmatory import count_table  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import count_table  # pylint: disable=import-outside-toplevel
   from experiments.looped_rl.sweeps import CONFIRM_COUNTS, CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return count_table(sweep_dir, CONFIRM_COUNTS, CONFIRM_PILOTS) + looped_rl_appendix(sweep_dir)

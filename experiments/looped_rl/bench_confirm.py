@@ -10,11 +10,11 @@ to one CPU (``--cpu``, default the last one) and builds, for each declared shape
 deferred (KV-cached :func:`models.looped.rollout`) and dense
 (:func:`models.sampling.sample` on the dense pass) rollouts of the looped_rl sweep's
 model as :func:`experiments.looped_rl.bench_rollout.rollout_fns` does. Then, look by
-look (:mod:`experiments.common.bench_sequential`, the machinery of the QLoRA speed
+look (:mod:`experiments.common.sweeps.bench_sequential`, the machinery of the QLoRA speed
 claims), it times the next batch of rounds (each round calls every method
 ``ROLLOUT_REPEATS`` times in an order rotated from round to round and keeps the fastest
 call), decides every undecided claim on all rounds so far with the repeated intervals
-of :mod:`experiments.common.sequential` (rounds in place of seeds; pairs are rounds),
+of :mod:`experiments.common.sweeps.sequential` (rounds in place of seeds; pairs are rounds),
 and stops when every claim is decided or at the cap. ``bench_rollout.json`` records
 every round's times, each look's load average and decisions, the declaration, the
 commit and whether the tree was dirty; ``REPORT.md`` is built from it alone (and the
@@ -32,9 +32,10 @@ from typing import Any
 
 from absl import app, flags
 
-from experiments.common import bench_sequential, run_metadata
-from experiments.common.config_flags import parse_flags
-from experiments.common.sequential import SequentialPlan
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.sweeps import bench_sequential
+from experiments.common.sweeps.sequential import SequentialPlan
 from experiments.looped_rl import sweeps
 
 FLAGS = flags.FLAGS

@@ -29,7 +29,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from experiments.common.config_flags import parse_flags
+from experiments.common.harness.config_flags import parse_flags
 from experiments.looped_rl.experiment import ROLLOUT_KV, LoopedRLConfig
 from lowprec.models import looped, sampling
 

@@ -51,15 +51,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common import arithmetic_task as task
-from experiments.common import recipe_flag
-from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
-from experiments.common.results import loop_metrics, run_summary
-from experiments.common.rl import harness_checks
-from experiments.common import run as run_lib
-from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import periodic_field, run_loop
+from experiments.common.data import arithmetic_task as task
+from experiments.common.trainers import recipe_flag
+from experiments.common.harness.checkpoint import Snapshot
+from experiments.common.harness.config_flags import SEED_DOMAIN, check_fields, config_field
+from experiments.common.evidence.results import loop_metrics, run_summary
+from experiments.common.trainers.rl import harness_checks
+from experiments.common.harness import run as run_lib
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.harness.train_loop import periodic_field, run_loop
 from experiments.looped_rl import warm_start as warm_start_lib
 from lowprec.models import looped, quantization
 from lowprec.models.transformer import TransformerConfig
@@ -139,7 +139,7 @@ class LoopedRLConfig:
 
   def model(self, recipe: str | None = None) -> looped.LoopedLM:
     """The looped LM quantized by ``recipe`` (default: the run's) with
-    :func:`experiments.common.recipe_flag.looped_rules`."""
+    :func:`experiments.common.trainers.recipe_flag.looped_rules`."""
     length = task.prompt_length(self.digits) + task.answer_length(self.digits)
     plain = looped.LoopedLM(
         TransformerConfig(vocab_size=task.VOCAB_SIZE, d_model=self.d_model,

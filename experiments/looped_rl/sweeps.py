@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.common.confirmatory import CountClaim, Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import CountClaim, Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.looped_rl.experiment import LoopedRLConfig
 
 SEEDS = (1, 2, 3)
@@ -148,7 +148,7 @@ def looped_rl_confirm() -> Sweep:
 # of the rollout code, not of a training run's seed, so it is decided like the QLoRA
 # speed claims (experiments/qlora/sweeps.py, SPEED_*): rounds of an interleaved timing
 # in one process on one pinned core (:mod:`experiments.looped_rl.bench_confirm`, the
-# machinery of :mod:`experiments.common.bench_sequential`). In each round every method
+# machinery of :mod:`experiments.common.sweeps.bench_sequential`). In each round every method
 # (a rollout path at a shape, :func:`experiments.looped_rl.bench_rollout.rollout_fns`:
 # the sweep's model, fp32, random weights, 128 rows) is called ROLLOUT_REPEATS times in
 # a rotated order and its fastest call kept. The paired unit is the round's difference

@@ -1,6 +1,6 @@
 """The looped LM's supervised warm start on 3-digit addition, cached by config hash.
 
-:mod:`experiments.common.rl.warm_start` trains a ``DecoderLM`` and keys its cache by
+:mod:`experiments.common.trainers.rl.warm_start` trains a ``DecoderLM`` and keys its cache by
 fields that do not name the architecture, so a looped model gets its own: the same
 recipe (AdamW at a constant ``pretrain_lr``, batches of ``pretrain_batch`` teacher-
 forced problems of the stream ``pretrain_seed + 10_000``, loss on the answer tokens)
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from experiments.common import arithmetic_task as task
-from experiments.common import params_cache
+from experiments.common.data import arithmetic_task as task
+from experiments.common.harness import params_cache
 from lowprec.models import looped
 from lowprec.models.transformer import next_token_loss
 

@@ -1,6 +1,6 @@
 """``python -m experiments.memoir``: one run (see :mod:`experiments.memoir.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.memoir import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

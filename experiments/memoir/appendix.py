@@ -15,10 +15,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from experiments.common.stats import mean_interval, paired_difference
-from experiments.common.sweep_data import (completed_curves, read_manifest, read_sweep_info,
-                                          results_by_run, run_dir)
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.stats import mean_interval, paired_difference
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.sweeps.sweep_data import (completed_curves, read_manifest, read_sweep_info,
+                                                  results_by_run, run_dir)
 
 LONG_SUBDIR = "long"
 METRIC = "eval/recall"
@@ -231,12 +231,12 @@ def memoir_appendix(sweep_dir: str, confidence: float = 0.95) -> str:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.memoir.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
 
 
 def energy_appendix(sweep_dir: str) -> str:
   """The energy-margin sweep's appendix: the undecided claims' needs (if any)."""
-  from experiments.common.confirmatory import undecided_table  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import undecided_table  # pylint: disable=import-outside-toplevel
   return undecided_table(sweep_dir)

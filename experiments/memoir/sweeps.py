@@ -86,9 +86,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.memoir.experiment import MemoirExperimentConfig
 from lowprec.models import memoir as memoir_lib
 

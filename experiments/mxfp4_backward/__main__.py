@@ -1,6 +1,6 @@
 """``python -m experiments.mxfp4_backward``: one run (see :mod:`experiments.mxfp4_backward.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.mxfp4_backward import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

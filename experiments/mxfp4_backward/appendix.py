@@ -3,8 +3,8 @@ SR x RHT interaction, computed from the evaluation runs' results rows."""
 
 from __future__ import annotations
 
-from experiments.common.stats import format_spread, mean_interval
-from experiments.common.sweep_data import evaluation_metrics
+from experiments.common.evidence.stats import format_spread, mean_interval
+from experiments.common.sweeps.sweep_data import evaluation_metrics
 
 LOSS = "eval/loss"
 # (rounding, Hadamard) -> arm of the factorial part of the sweep.

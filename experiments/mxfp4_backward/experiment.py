@@ -15,7 +15,7 @@ gradient is quantized, SR and random Hadamard rotations fail and a *deterministi
 Hadamard rotation restores training.
 
 One run trains the char-level LM of :mod:`experiments.lm` (the harness's
-:mod:`experiments.common.lm_trainer`) with the forward GEMMs in bf16 and, with
+:mod:`experiments.common.trainers.lm_trainer`) with the forward GEMMs in bf16 and, with
 ``--backward=mxfp4``, both operands of dgrad (``dX = dO W^T``, contracted over the
 layer's output width) and wgrad (``dW = X^T dO``, contracted over tokens) in MXFP4:
 E2M1 elements with E8M0 scales over 32 elements along each GEMM's contraction axis,
@@ -33,8 +33,8 @@ E2M1 elements with E8M0 scales over 32 elements along each GEMM's contraction ax
 * ``--noquantize_wgrad``: wgrad stays bf16 (dgrad alone in MXFP4: arXiv 2605.09825's
   "quantizing Wgrad is the primary driver").
 
-Attention products and the LM head stay bf16 (:func:`experiments.common.recipe_flag.model_rules`);
-``--recipe`` is not used (the recipe comes from the flags above; leave it at bf16).
+Attention products and the LM head stay bf16
+(:func:`experiments.common.trainers.recipe_flag.model_rules`); ``--recipe`` is not used (the recipe comes from the flags above; leave it at bf16).
 Metrics, curves, checkpoints and the results row are the LM trainer's.
 """
 
@@ -43,10 +43,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from experiments.common import lm_trainer
-from experiments.common.config_flags import config_field
-from experiments.common.lm_trainer import LMConfig
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers.lm_trainer import LMConfig
 from lowprec.numerics import mx_scales
 from lowprec.numerics import recipes as recipes_lib
 from lowprec.numerics.rounding import Nearest, Stochastic
@@ -115,5 +115,6 @@ class Mxfp4BackwardConfig(LMConfig):
 
 
 def train_and_evaluate(config: Mxfp4BackwardConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (see experiments.common.lm_trainer)."""
+  """Trains and evaluates one run; returns its summary (see
+  experiments.common.trainers.lm_trainer)."""
   return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

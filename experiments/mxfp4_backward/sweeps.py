@@ -7,8 +7,8 @@ transforms on MXFP4 backward GEMMs, and a deterministic Hadamard.
 
 from __future__ import annotations
 
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.mxfp4_backward.experiment import Mxfp4BackwardConfig
 
 # experiments.lm's lm_recipes model (d 64, 2 layers, d_ff 256; 800 steps of 32 x 64

@@ -1,6 +1,6 @@
 """``python -m experiments.mxfp8_rl``: one run (see :mod:`experiments.mxfp8_rl.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.mxfp8_rl import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from experiments.common.rl.report import completed_runs, spread
-from experiments.common.sweep_data import config_value
+from experiments.common.trainers.rl.report import completed_runs, spread
+from experiments.common.sweeps.sweep_data import config_value
 from experiments.mxfp8_rl.experiment import sync_update
 from experiments.mxfp8_rl.sweeps import INTENDED_CHECK, SAFETY
 from experiments.mxfp8_rl import parity_tolerances
@@ -426,7 +426,7 @@ def detection_counts(sweep_dir: str) -> str:
   per fault arm, the runs whose bitwise (and same-recipe parity) check fired at the
   fault's sync; per check, the clean runs' syncs at which it fired. Each with the exact
   one-sided 95% upper bound on the rate that breaks the count (Clopper-Pearson)."""
-  from experiments.common.confirmatory import count_upper_bound  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import count_upper_bound  # pylint: disable=import-outside-toplevel
   info, runs = completed_runs(sweep_dir)
   fault_update = int(info["base"]["fault_update"])
   lines = ["", "## Detections and false alarms (counts, declared before the runs)", "",
@@ -470,7 +470,7 @@ def detection_counts(sweep_dir: str) -> str:
 def faults_confirm_appendix(sweep_dir: str) -> str:
   """The faults confirmatory sweep's appendix: the pilot beside each claim, the sizing,
   the planted-fault table (:func:`fault_table`) and :func:`detection_counts`."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.mxfp8_rl.sweeps import FAULTS_CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return (confirm_sections(sweep_dir, FAULTS_CONFIRM_PILOTS) + fault_table(sweep_dir)
           + detection_counts(sweep_dir))
@@ -478,6 +478,6 @@ def faults_confirm_appendix(sweep_dir: str) -> str:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.mxfp8_rl.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -3,9 +3,9 @@
     python -m experiments.mxfp8_rl --learner_recipe=mxfp8 --sampler_recipe=mxfp8
     python -m experiments.mxfp8_rl --learner_recipe=bf16 --sampler_recipe=mxfp8
 
-GRPO on 3-digit addition (the shared RL loop of :mod:`experiments.common.rl.loop`). The learner
-trains float32 masters under ``learner_recipe`` (its projections quantized, as
-:func:`experiments.common.recipe_flag.model_rules`: the attention products
+GRPO on 3-digit addition (the shared RL loop of
+:mod:`experiments.common.trainers.rl.loop`). The learner trains float32 masters under ``learner_recipe`` (its projections quantized, as
+:func:`experiments.common.trainers.recipe_flag.model_rules`: the attention products
 and the LM head stay bf16). At every sync the weights are exported the way a serving
 engine loads them for ``sampler_recipe``: the block projections' kernels quantized on
 the fly (MXFP8: 1 x 32 blocks along the contraction axis, E8M0 scales, RCEIL, the axis
@@ -43,12 +43,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from experiments.common import arithmetic_task as task
-from experiments.common import recipe_flag
-from experiments.common.config_flags import config_field
-from experiments.common.rl import config as rl_config
-from experiments.common.rl import loop
-from experiments.common.run_options import RunOptions
+from experiments.common.data import arithmetic_task as task
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import recipe_flag
+from experiments.common.trainers.rl import config as rl_config
+from experiments.common.trainers.rl import loop
 from lowprec.models import sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics import tree_paths

@@ -74,9 +74,9 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.mxfp8_rl.experiment import PLANTED_FAULTS, MXFP8RLConfig
 
 SEEDS = (1, 2, 3, 4)

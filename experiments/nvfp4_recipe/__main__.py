@@ -1,6 +1,6 @@
 """``python -m experiments.nvfp4_recipe``: one run (see its ``experiment`` module)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.nvfp4_recipe import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -8,9 +8,9 @@
     python -m launch.sweep --sweep=nvfp4_recipe                 # the leave-one-out table
 
 The model is the dense char-level LM of :mod:`experiments.lm` (``LMConfig``'s fields,
-trained by :func:`experiments.common.lm_trainer.train_and_evaluate`). The recipe runs
+trained by :func:`experiments.common.trainers.lm_trainer.train_and_evaluate`). The recipe runs
 the blocks' linear projections (q/k/v, attention output, feed-forward); the attention
-products and the LM head stay bf16 (:func:`experiments.common.recipe_flag.model_rules`).
+products and the LM head stay bf16 (:func:`experiments.common.trainers.recipe_flag.model_rules`).
 Each component of the paper's recipe is one field:
 
 * ``fmt``: ``nvfp4`` (E2M1, E4M3 scales over 16 elements and a float32 tensor scale,
@@ -42,11 +42,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from experiments.common import lm_trainer
-from experiments.common import recipe_flag
-from experiments.common.config_flags import config_field
-from experiments.common.lm_trainer import LMConfig
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers import recipe_flag
+from experiments.common.trainers.lm_trainer import LMConfig
 from lowprec.models import quantization
 from lowprec.numerics import recipes as recipes_lib
 from lowprec.numerics import rounding as rounding_lib
@@ -135,5 +135,6 @@ class Nvfp4RecipeConfig(LMConfig):
 
 
 def train_and_evaluate(config: Nvfp4RecipeConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (see experiments.common.lm_trainer)."""
+  """Trains and evaluates one run; returns its summary (see
+  experiments.common.trainers.lm_trainer)."""
   return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

@@ -7,8 +7,8 @@ against each component removed, and the same recipe in MXFP4.
 
 from __future__ import annotations
 
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.nvfp4_recipe.experiment import Nvfp4RecipeConfig
 
 # The base: scale_rules' BASE (experiments.lm's lm_recipes model: d 64, d_ff 256, seq 64,

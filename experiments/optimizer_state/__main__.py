@@ -1,7 +1,7 @@
 """``python -m experiments.optimizer_state``: one run (see
 :mod:`experiments.optimizer_state.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.optimizer_state import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from experiments.common.stats import format_spread, paired_difference
-from experiments.common.sweep_data import (completed_curves, evaluation_metrics,
-                                          read_sweep_info)
+from experiments.common.evidence.stats import format_spread, paired_difference
+from experiments.common.sweeps.sweep_data import (completed_curves, evaluation_metrics,
+                                                  read_sweep_info)
 
 LOSS = "eval/loss"
 _OPTIM = "train/optim/"
@@ -108,6 +108,6 @@ def optimizer_state_appendix(sweep_dir: str) -> str:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.optimizer_state.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)

@@ -6,8 +6,8 @@
     python -m experiments.optimizer_state --num_experts=0          # the dense LM
 
 The model is ALTO's small mixture-of-experts char-LM on Shakespeare
-(:class:`experiments.common.moe_lm.MoELMConfig`; ``--num_experts=0`` makes every feed-forward
-dense), trained in bf16 (the projections' and expert GEMMs' recipe) with the LM's
+(:class:`experiments.common.trainers.moe_lm.MoELMConfig`; ``--num_experts=0`` makes
+every feed-forward dense), trained in bf16 (the projections' and expert GEMMs' recipe) with the LM's
 AdamW schedule, except that AdamW is
 :func:`numerics.optim.quantized_adam.quantized_adamw`: both moments are stored in
 ``moment_format`` between steps (:func:`numerics.optim.moment_codecs.state_format`:
@@ -29,7 +29,8 @@ stored second moment behaves (``train/optim/...``, measured from the state pytre
   moments (before bias correction): the largest update the stored state asks for;
 * ``state_bytes``, ``param_bytes``: the state's and the float32 parameters' bytes.
 
-Training, logging, checkpointing and resume are :func:`experiments.common.lm_trainer.train_and_evaluate`'s.
+Training, logging, checkpointing and resume are
+:func:`experiments.common.trainers.lm_trainer.train_and_evaluate`'s.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common.config_flags import config_field
-from experiments.common.run_options import RunOptions
-from experiments.common import lm_trainer
-from experiments.common import moe_lm
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers import moe_lm
 from lowprec.numerics import memory
 from lowprec.numerics.optim import moment_codecs
 from lowprec.numerics.optim.quantized_adam import (QuantizedAdamState, decoded_moments,
@@ -146,5 +147,6 @@ def state_metrics(opt_state: Any) -> dict[str, jax.Array]:
 
 
 def train_and_evaluate(config: OptimizerStateConfig, options: RunOptions) -> dict[str, Any]:
-  """Trains and evaluates one run; returns its summary (see experiments.common.lm_trainer)."""
+  """Trains and evaluates one run; returns its summary (see
+  experiments.common.trainers.lm_trainer)."""
   return lm_trainer.train_and_evaluate(config, options, experiment=EXPERIMENT)

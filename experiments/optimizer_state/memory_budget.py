@@ -7,8 +7,8 @@ the memory budget of mixture-of-experts training", declared here before measurin
 
 The ``optimizer_state`` sweep's MoE char-LM (its base config: d_model 64, 2 blocks, 8
 experts of width 128, top-2, batch 32 x 64 tokens) and the compiled training step the
-runs execute (:func:`experiments.common.train_loop.make_train_step` over
-:func:`experiments.common.lm_trainer.build_lm`), compiled by XLA for this CPU. Lines:
+runs execute (:func:`experiments.common.harness.train_loop.make_train_step` over
+:func:`experiments.common.trainers.lm_trainer.build_lm`), compiled by XLA for this CPU. Lines:
 
 * weights and gradients: the float32 parameters' bytes (the gradient tree is the same);
 * optimizer state: the bytes of the AdamW state pytree (:func:`numerics.memory.tree_bytes`)
@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from experiments.common import lm_trainer
-from experiments.common import run_metadata
-from experiments.common import shakespeare
-from experiments.common.config_flags import parse_flags
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.train_loop import init_train_state, make_train_step
+from experiments.common.data import shakespeare
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.harness.train_loop import init_train_state, make_train_step
+from experiments.common.trainers import lm_trainer
 from experiments.optimizer_state import sweeps
 from lowprec.numerics import memory
 

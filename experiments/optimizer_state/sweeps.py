@@ -61,9 +61,9 @@ the run, and the memory budget of the step (weights, gradients, optimizer state)
 
 from __future__ import annotations
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.optimizer_state.experiment import OptimizerStateConfig
 
 SEEDS = (1, 2, 3)

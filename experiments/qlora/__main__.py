@@ -1,6 +1,6 @@
 """``python -m experiments.qlora``: one run (see :mod:`experiments.qlora.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.qlora import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

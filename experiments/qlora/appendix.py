@@ -12,9 +12,9 @@ import json
 import os
 from typing import Any
 
-from experiments.common.results import benchmark_provenance
-from experiments.common.stats import format_spread
-from experiments.common.sweep_data import evaluation_metrics
+from experiments.common.evidence.results import benchmark_provenance
+from experiments.common.evidence.stats import format_spread
+from experiments.common.sweeps.sweep_data import evaluation_metrics
 from experiments.qlora.experiment import ARCH_FIELDS, QLoRAConfig
 
 BENCH_FILE = "bench_step.json"

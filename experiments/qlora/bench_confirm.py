@@ -11,7 +11,7 @@ fastest step) and the sequential plan over rounds. The process pins itself to on
 Then, look by look, it times the next batch of rounds (each round calls every method
 ``SPEED_REPEATS`` times, in an order rotated from round to round, and keeps the fastest
 call), decides every undecided claim on all rounds so far with the repeated intervals
-of :mod:`experiments.common.sequential` (rounds in place of seeds; pairs are rounds),
+of :mod:`experiments.common.sweeps.sequential` (rounds in place of seeds; pairs are rounds),
 and stops when every claim is decided or at the cap. ``bench_speed.json`` records every
 round's times, each look's load average and decisions, the declaration, the commit and
 whether the tree was dirty; ``REPORT.md`` is built from it alone (and the
@@ -32,10 +32,11 @@ import numpy as np
 
 from absl import app, flags
 
-from experiments.common import bench_sequential, run_metadata
-from experiments.common.config_flags import parse_flags
-from experiments.common.confirmatory import fixed_verdict
-from experiments.common.sequential import SequentialPlan
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.sweeps import bench_sequential
+from experiments.common.sweeps.confirmatory import fixed_verdict
+from experiments.common.sweeps.sequential import SequentialPlan
 from experiments.qlora import sweeps
 from experiments.qlora.appendix import NO_SLOWDOWN, speed_verdict
 
@@ -103,7 +104,7 @@ def _run_pinned(out_dir: str, cpu: int, allowed: list[int], config: Any) -> dict
 def _pilot_lines() -> list[str]:
   """The pilot benchmark's per-round log ratios by the confirmatory claims' tests
   (fixed-n, descriptive: the pilot declared 'every round on one side' instead)."""
-  from experiments.common.repo_paths import REPO_DIR  # pylint: disable=import-outside-toplevel
+  from experiments.common.harness.repo_paths import REPO_DIR  # pylint: disable=import-outside-toplevel
   with open(os.path.join(REPO_DIR, PILOT_FILE)) as f:
     pilot = json.load(f)
   per_round = pilot["per_round_s"]

@@ -43,11 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import run_metadata
-from experiments.common.config_flags import parse_flags
-from experiments.common.results import write_benchmark
-from experiments.common.train_loop import (init_train_state, make_train_step,
-                                            without_quant_state)
+from experiments.common.evidence.results import write_benchmark
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
+from experiments.common.harness.train_loop import (init_train_state, make_train_step,
+                                                   without_quant_state)
 from experiments.qlora.experiment import (ARCH_FIELDS, QLoRAConfig, make_optimizer,
                                          make_setup)
 from lowprec.models.transformer import bf16_dot_general

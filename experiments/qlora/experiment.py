@@ -66,16 +66,16 @@ import numpy as np
 import optax
 from absl import logging
 
-from experiments.common import params_cache
-from experiments.common import shakespeare
-from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
-from experiments.common.results import run_summary
-from experiments.common import run as run_lib
-from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common import lm_trainer
-from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
-                                            periodic_field, run_loop, without_quant_state)
+from experiments.common.harness import params_cache
+from experiments.common.data import shakespeare
+from experiments.common.harness.checkpoint import Snapshot
+from experiments.common.harness.config_flags import SEED_DOMAIN, check_fields, config_field
+from experiments.common.evidence.results import run_summary
+from experiments.common.harness import run as run_lib
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.trainers import lm_trainer
+from experiments.common.harness.train_loop import (TrainState, init_train_state, make_train_step,
+                                                   periodic_field, run_loop, without_quant_state)
 from lowprec import models
 from lowprec.models import lora
 from lowprec.models.transformer import DecoderLM, TransformerConfig, next_token_loss

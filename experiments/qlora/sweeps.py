@@ -57,8 +57,8 @@ Claims (margins fixed here before the runs; losses in nats per character):
 
 from __future__ import annotations
 
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.qlora.experiment import QLoRAConfig
 
 SEEDS = (1, 2, 3)
@@ -124,7 +124,7 @@ def qlora() -> Sweep:
 # before the first round. Sizing: the pilot benchmark's per-round log ratios
 # (bench_step.json, 10 rounds, both cores under a load of 4.4-5.0) had sd 0.086 (NF4
 # per GEMM, mean -0.019) and 0.114 (dequantized once per step, mean -0.017). By
-# experiments.common.confirmatory.simulated_power, at sd 0.086 this plan holds a 4.5%
+# experiments.common.sweeps.confirmatory.simulated_power, at sd 0.086 this plan holds a 4.5%
 # slowdown (the GEMM table's estimate) with probability 0.97 (about 40 rounds on
 # average), and at the pilot's own mean it says *opposite* with probability 0.37; at
 # the pilot's figures for the hoisted dequantization it holds "removes" with

@@ -1,6 +1,6 @@
 """``python -m experiments.scale_rules``: one run (see :mod:`experiments.scale_rules.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.scale_rules import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

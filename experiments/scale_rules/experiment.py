@@ -15,7 +15,7 @@ rule for a block's shared scale loses least? One run is one (seed, arm):
    MLP: both operands, activations and weights) quantized to ``fmt`` with the block
    scale from ``scale_rule`` and dequantized (fake quantization, round to nearest
    even), and the attention products and the head in bf16 (the experiments' rule list,
-   :func:`experiments.common.recipe_flag.model_rules`). ``fmt=bf16`` is the baseline:
+   :func:`experiments.common.trainers.recipe_flag.model_rules`). ``fmt=bf16`` is the baseline:
    the same model with bf16 projections, so ``arm − bf16`` is the block format's cost.
 
 Formats: ``e4m3`` (MXFP8) and ``e2m1`` (MXFP4) with E8M0 scales over 32 elements along
@@ -46,14 +46,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import lm_trainer
-from experiments.common import params_cache
-from experiments.common import run as run_lib
-from experiments.common import shakespeare
-from experiments.common.config_flags import config_field
-from experiments.common.lm_trainer import LMConfig
-from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import PERIODIC
+from experiments.common.data import shakespeare
+from experiments.common.harness import params_cache
+from experiments.common.harness import run as run_lib
+from experiments.common.harness.config_flags import config_field
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.harness.train_loop import PERIODIC
+from experiments.common.trainers import lm_trainer
+from experiments.common.trainers.lm_trainer import LMConfig
 from lowprec.numerics import mx_scales
 from lowprec.numerics import recipes as recipes_lib
 

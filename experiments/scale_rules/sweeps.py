@@ -6,8 +6,8 @@ quantization of the char-level LM.
 
 from __future__ import annotations
 
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.scale_rules.experiment import ScaleRulesConfig
 
 # The base: experiments.lm's lm_recipes model (d 64, 2 layers, 800 steps at lr 1e-2,

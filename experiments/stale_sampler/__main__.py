@@ -1,6 +1,6 @@
 """``python -m experiments.stale_sampler``: one run (see :mod:`experiments.stale_sampler.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.stale_sampler import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from experiments.common.curve_plots import plot_curves
-from experiments.common.confirmatory import confirm_sections
-from experiments.common.rl.report import completed_runs, spread
-from experiments.common.sweep_data import config_value
+from experiments.common.evidence.curve_plots import plot_curves
+from experiments.common.sweeps.confirmatory import confirm_sections
+from experiments.common.trainers.rl.report import completed_runs, spread
+from experiments.common.sweeps.sweep_data import config_value
 
 # The sampled reward is the *sampler's* (flat within a cycle, noisy: 16 problems x 8
 # samples), so degradation is judged on the learner's greedy accuracy on a fixed

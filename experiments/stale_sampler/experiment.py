@@ -6,7 +6,7 @@
 
 A small decoder LM is first fine-tuned with supervision on the task (cached under
 ``--pretrain_dir``). RL then runs ``num_updates`` GRPO updates on the shared RL loop
-(:mod:`experiments.common.rl.loop`): the sampler is an explicit copy of the learner's
+(:mod:`experiments.common.trainers.rl.loop`): the sampler is an explicit copy of the learner's
 weights (in ``--sampler_dtype``), refreshed every ``refresh_interval`` updates; each
 update samples a group per problem from the (stale) sampler at
 ``sampler_temperature`` (recording the tempered behaviour log-probs) and takes one
@@ -24,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from experiments.common.rl import loop
-from experiments.common.rl.config import RLConfig
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers.rl import loop
+from experiments.common.trainers.rl.config import RLConfig
 
 EXPERIMENT = "stale_sampler"
 

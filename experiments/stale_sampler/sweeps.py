@@ -53,7 +53,7 @@ was safe up to K = 256).
   the worst dip: what a cliff does), ``accuracy/last_quarter`` (the end of training:
   mean over the last quarter's evaluations), ``accuracy/mean_over_training``.
 - The claims below, each a paired comparison over the evaluation seeds with the
-  verdict rule of :class:`experiments.common.sweep_spec.Claim` (95% t-interval;
+  verdict rule of :class:`experiments.common.sweeps.sweep_spec.Claim` (95% t-interval;
   TOST at level 0.05 for "matches", with a margin of 0.05 accuracy: the paper's own
   tie is 0.857 vs 0.857, and 0.05 is about one evaluation's seed-to-seed spread here;
   non-superiority with a margin of 0.02 for "stronger cooling is not better").
@@ -74,9 +74,9 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.stale_sampler.experiment import StaleSamplerConfig
 
 SEEDS = (1, 2, 3, 4, 5)

@@ -1,6 +1,6 @@
 """``python -m experiments.temperon``: one run (see :mod:`experiments.temperon.experiment`)."""
 
-from experiments.common import script
+from experiments.common.harness import script
 from experiments.temperon import experiment
 
 __doc__ = experiment.__doc__  # what --help prints first

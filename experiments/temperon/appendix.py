@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from experiments.common.results import benchmark_provenance
-from experiments.common.sweep_data import read_manifest, results_by_run
+from experiments.common.evidence.results import benchmark_provenance
+from experiments.common.sweeps.sweep_data import read_manifest, results_by_run
 from experiments.temperon.sweeps import BASELINE, TARGET
 
 
@@ -92,7 +92,7 @@ def bench_section(sweep_dir: str) -> list[str]:
 
 def confirm_appendix(sweep_dir: str) -> str:
   """The confirmatory sweep's appendix: the pilot beside each claim, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.temperon.sweeps import CONFIRM_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM_PILOTS)
 
@@ -100,6 +100,6 @@ def confirm_appendix(sweep_dir: str) -> str:
 def confirm2_appendix(sweep_dir: str) -> str:
   """The second confirmatory sweep's appendix: the pilot beside each claim, the
   undecided claims' needs, and the sizing."""
-  from experiments.common.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.confirmatory import confirm_sections  # pylint: disable=import-outside-toplevel
   from experiments.temperon.sweeps import CONFIRM2_PILOTS  # pylint: disable=import-outside-toplevel
   return confirm_sections(sweep_dir, CONFIRM2_PILOTS)

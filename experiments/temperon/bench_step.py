@@ -22,9 +22,9 @@ import time
 import jax
 from absl import app, flags
 
-from experiments.common import run_metadata
-from experiments.common.config_flags import parse_flags
-from experiments.common.results import write_benchmark
+from experiments.common.evidence.results import write_benchmark
+from experiments.common.harness import run_metadata
+from experiments.common.harness.config_flags import parse_flags
 from experiments.temperon import experiment
 from experiments.temperon.sweeps import ARMS, temperon
 

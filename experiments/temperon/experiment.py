@@ -32,16 +32,16 @@ import numpy as np
 import optax
 from absl import logging
 
-from experiments.common import curves
-from experiments.common import digits
-from experiments.common.checkpoint import Snapshot
-from experiments.common.config_flags import SEED_DOMAIN, check_fields, config_field
-from experiments.common.results import loop_metrics, run_summary
-from experiments.common import run as run_lib
-from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.train_loop import (TrainState, init_train_state, periodic_field,
-                                           run_loop)
+from experiments.common.evidence import curves
+from experiments.common.data import digits
+from experiments.common.harness.checkpoint import Snapshot
+from experiments.common.harness.config_flags import SEED_DOMAIN, check_fields, config_field
+from experiments.common.evidence.results import loop_metrics, run_summary
+from experiments.common.harness import run as run_lib
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.train_loop import (TrainState, init_train_state, periodic_field,
+                                                   run_loop)
 from lowprec.models.resnet import ResNet, ResNetConfig, classification_loss
 from lowprec.numerics import optim
 

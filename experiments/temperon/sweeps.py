@@ -59,9 +59,9 @@ the finest the paper's own ablations can tell apart:
 
 from __future__ import annotations
 
-from experiments.common.confirmatory import Pilot
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.confirmatory import Pilot
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from experiments.temperon.experiment import TemperonConfig
 
 SEEDS = tuple(range(12))

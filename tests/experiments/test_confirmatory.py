@@ -17,9 +17,9 @@ import shutil
 
 import pytest
 
-from experiments.common import confirmatory
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.sweep_data import evaluation_metrics
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.sweeps import confirmatory
+from experiments.common.sweeps.sweep_data import evaluation_metrics
 from launch import registry, sequential_runner
 from launch.manifest import expand, write_manifest
 from launch.report import build_report, claim_verdict

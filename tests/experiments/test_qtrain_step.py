@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import optax
 
 from experiments.benchmarks import qtrain_step
-from experiments.common import recipe_flag
+from experiments.common.trainers import recipe_flag
 from lowprec.models import quantization
 from lowprec.models import transformer
 

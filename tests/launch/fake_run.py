@@ -3,7 +3,7 @@
     python tests/launch/fake_run.py WORKDIR [--term_delay=S]
 
 Like a run: takes WORKDIR's lock (an exclusive ``flock`` on ``WORKDIR/.lock``, holder
-line as :func:`experiments.common.workdir.lock_directory` writes it); a rerun of a run
+line as :func:`experiments.common.harness.workdir.lock_directory` writes it); a rerun of a run
 that checkpointed (``WORKDIR/checkpointed`` exists) completes at once (exit 0).
 Otherwise it writes ``WORKDIR/ready`` and waits; on SIGTERM it logs ``SIGTERM
 received``, waits ``S`` seconds (a slow checkpoint; the lock stays held), writes
@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 
-PREEMPTED = 75  # experiments.common.preemption.PREEMPTED_EXIT_CODE
+PREEMPTED = 75  # experiments.common.harness.preemption.PREEMPTED_EXIT_CODE
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-PREEMPTED = 75  # experiments.common.preemption.PREEMPTED_EXIT_CODE (not imported: no JAX)
+PREEMPTED = 75  # experiments.common.harness.preemption.PREEMPTED_EXIT_CODE (not imported: no JAX)
 
 
 def main() -> int:

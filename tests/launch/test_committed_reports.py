@@ -18,10 +18,10 @@ import shutil
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
-                                                   read_hparams_session, read_scalars)
-from experiments.common.tensorboard_writer import shown_hparam
+from experiments.common.evidence.tensorboard_reader import (event_files, read_hparams_experiment,
+                                                            read_hparams_session, read_scalars)
+from experiments.common.evidence.tensorboard_writer import shown_hparam
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch import event_metrics, tensorboard_views
 from launch.report import build_report
 

@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from experiments.common.results import append_result
+from experiments.common.evidence.results import append_result
 from launch.local_runner import default_parallelism, run_local
 from launch.manifest import RunSpec
 

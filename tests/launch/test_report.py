@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.common.results import append_result
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.results import append_result
+from experiments.common.evidence.tensorboard_writer import MetricWriter
 from experiments.lm.experiment import LMConfig
 from launch.report import build_report
-from experiments.common.sweep_spec import Arm, Sweep
+from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from launch.manifest import expand, write_manifest
 
 
@@ -162,7 +162,7 @@ def test_overrides_are_recorded_and_in_the_reproduce_command(tmp_path):
   """Before: ``launch.sweep --override=num_steps=60`` left sweep.json saying the
   declared 1000 steps, and REPORT.md and its Reproduce command never mentioned it."""
   import json  # pylint: disable=import-outside-toplevel
-  from experiments.common.sweep_data import config_value  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.sweep_data import config_value  # pylint: disable=import-outside-toplevel
   _synthetic_sweep(tmp_path, {"num_steps": 600, "recipe": "fp8"})
   info = json.load(open(tmp_path / "sweep.json"))
   assert info["overrides"] == {"num_steps": 600, "recipe": "fp8"}

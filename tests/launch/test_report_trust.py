@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import append_result
-from experiments.common.sweep_spec import Arm, Sweep
+from experiments.common.evidence.results import append_result
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from experiments.lm.experiment import LMConfig
 from launch import registry
 from launch.manifest import expand, write_manifest

@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 from launch import sequential_runner
 from launch.manifest import expand, write_manifest
 from launch.report import build_report
@@ -41,8 +41,8 @@ def metric(stream: str, seed: int) -> float:
 
 FAKE_SWEEPS = '''
 import dataclasses
-from experiments.common.sequential import SequentialPlan
-from experiments.common.sweep_spec import Arm, Claim, Sweep
+from experiments.common.sweeps.sequential import SequentialPlan
+from experiments.common.sweeps.sweep_spec import Arm, Claim, Sweep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.repo_paths import REPO_DIR
 
 pytestmark = pytest.mark.slurm
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch.manifest import RunSpec
 from launch.slurm import SlurmOptions
 from launch.slurm_runner import run_slurm

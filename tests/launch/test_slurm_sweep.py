@@ -17,9 +17,9 @@ import sys
 
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import read_results
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.results import read_results
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch import tensorboard_views
 from tests.launch.slurm_tools import checkpoint_steps, read_text, scancel_briefly, wait_until
 

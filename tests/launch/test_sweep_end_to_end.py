@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from experiments.common.results import read_results
+from experiments.common.evidence.results import read_results
 from launch import tensorboard_views
 
-from experiments.common.repo_paths import REPO_DIR as REPO
+from experiments.common.harness.repo_paths import REPO_DIR as REPO
 TINY = ["--override=num_steps=8", "--override=eval_every=4", "--override=checkpoint_every=4",
         "--override=histogram_every=4", "--override=log_every=2"]
 

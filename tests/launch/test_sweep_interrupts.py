@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from experiments.common import workdir as workdir_lib
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.repo_paths import REPO_DIR
 from launch.local_runner import SweepInterrupted, run_local
 from launch.manifest import RunSpec
 

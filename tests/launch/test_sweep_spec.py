@@ -12,11 +12,11 @@ from experiments.lm.experiment import LMConfig
 from launch import registry
 from launch.slurm import SlurmOptions, write_array_script
 from launch.sweep import prepare
-from experiments.common.sweep_data import read_manifest
-from experiments.common.sweep_spec import Arm, Sweep
+from experiments.common.sweeps.sweep_data import read_manifest
+from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from launch.manifest import expand, swept_hparams, write_manifest
 
-from experiments.common.repo_paths import REPO_DIR as REPO
+from experiments.common.harness.repo_paths import REPO_DIR as REPO
 
 
 def test_registry():
@@ -159,7 +159,7 @@ def test_calibration_seeds_are_never_evaluation_seeds(tmp_path):
 
 
 def test_claims_are_validated_at_declaration():
-  from experiments.common.sweep_spec import Claim  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.sweep_spec import Claim  # pylint: disable=import-outside-toplevel
   sweep = registry.get("lm_builtin_recipes")
   with pytest.raises(ValueError, match="margin"):
     Claim("x", "equivalent", "bf16", "fp32", "eval/loss")

@@ -14,12 +14,12 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import append_result
-from experiments.common.sweep_spec import Arm, Sweep
-from experiments.common.tensorboard_reader import (event_files, read_hparams_experiment,
-                                                   read_hparams_session, read_scalars)
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.results import append_result
+from experiments.common.evidence.tensorboard_reader import (event_files, read_hparams_experiment,
+                                                            read_hparams_session, read_scalars)
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from experiments.lm.experiment import LMConfig
 from launch import tensorboard_views
 from launch.manifest import expand, write_manifest

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.tensorboard_reader import read_hparams_session, read_scalars
+from experiments.common.evidence.tensorboard_writer import MetricWriter
 from launch.thin_events import thin_event_file, thin_sweep
 
 

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from experiments.common.recipe_flag import quantized_model
+from experiments.common.trainers.recipe_flag import quantized_model
 from lowprec.models import kv_cache, sampling
 from lowprec.models.transformer import DecoderLM, TransformerConfig
 from lowprec.numerics import kv_quant

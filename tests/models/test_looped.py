@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.recipe_flag import looped_rules
+from experiments.common.trainers.recipe_flag import looped_rules
 from lowprec.models import quantization
 from lowprec.models import looped
 from lowprec.models.transformer import Block, TransformerConfig

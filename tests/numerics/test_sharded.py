@@ -36,7 +36,7 @@ from lowprec import numerics
 from lowprec.numerics import blockscale, kernels, qdot, quantizer, random_bits, recipes
 from lowprec.numerics.rounding import Stochastic
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 
 N_DEVICES = 4
 needs_4 = pytest.mark.skipif(

@@ -11,11 +11,11 @@ import pytest
 
 from experiments.alto import appendix
 from experiments.alto import experiment as alto
-from experiments.common import curves
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence import curves
+from experiments.common.evidence.results import read_results
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.harness.run_options import RunOptions
 from launch import registry
 from launch.manifest import expand, write_manifest
 

@@ -28,7 +28,7 @@ def test_committed_snr_table_reproduces():
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   from experiments.alto import appendix  # pylint: disable=g-import-not-at-top
-  from experiments.common.repo_paths import REPO_DIR  # pylint: disable=g-import-not-at-top
+  from experiments.common.harness.repo_paths import REPO_DIR  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO_DIR, "experiments/alto/report", appendix.SNR_FILE)) as f:
     data = json.load(f)
   assert not data["git"]["dirty"], data["git"]

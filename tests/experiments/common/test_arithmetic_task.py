@@ -1,9 +1,9 @@
-"""experiments.common.arithmetic_task: layout, hand-worked problems, rewards, masks."""
+"""experiments.common.data.arithmetic_task: layout, hand-worked problems, rewards, masks."""
 
 import numpy as np
 import pytest
 
-from experiments.common import arithmetic_task as at
+from experiments.common.data import arithmetic_task as at
 
 
 def test_hand_worked_layout():

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.checkpoint import Checkpointer, Snapshot
-from experiments.common.train_loop import restore_or_initialize
+from experiments.common.harness.checkpoint import Checkpointer, Snapshot
+from experiments.common.harness.train_loop import restore_or_initialize
 
 
 def _snapshot(step=0, scale=1.0):
@@ -54,7 +54,7 @@ def test_a_checkpoint_of_another_tree_is_one_checkpoint_error(tmp_path):
   form of earlier releases, no longer converted) fails as a CheckpointError naming
   the step, not as orbax's traceback."""
   from lowprec.numerics import qdot  # pylint: disable=g-import-not-at-top
-  from experiments.common.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
+  from experiments.common.harness.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
   typed = qdot.init_state("fp8_delayed", telemetry=True)
   legacy = {part: {k.replace("_", "/"): v for k, v in getattr(typed, part).items()}
             for part in ("delayed", "telemetry")}

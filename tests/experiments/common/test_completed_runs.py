@@ -1,4 +1,4 @@
-"""experiments.common.rl.report.completed_runs: which runs count as completed.
+"""experiments.common.trainers.rl.report.completed_runs: which runs count as completed.
 
 Before: a run counted only if it logged ``train/reward`` at every logged update, so a
 sweep whose events were thinned by launch.thin_events (fair_cast: every 16th update of
@@ -7,8 +7,8 @@ sweep whose events were thinned by launch.thin_events (fair_cast: every 16th upd
 
 import dataclasses
 
-from experiments.common.rl.report import completed_runs
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.trainers.rl.report import completed_runs
 from launch import registry
 from launch.manifest import expand, write_manifest
 

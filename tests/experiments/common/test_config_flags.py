@@ -1,12 +1,13 @@
-"""Tests for experiments.common.config_flags."""
+"""Tests for experiments.common.harness.config_flags."""
 
 import dataclasses
 
 import pytest
 from absl import flags
 
-from experiments.common.config_flags import (config_field, config_from_flags, config_to_flags,
-                                             define_flags, parse_override, replace_checked)
+from experiments.common.harness.config_flags import (config_field, config_from_flags,
+                                                     config_to_flags, define_flags, parse_override,
+                                                     replace_checked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +93,7 @@ def test_every_entry_point_parses_flags_with_the_scripts_exit_statuses():
   tools (numerics/) do not import the experiments and are left out."""
   import ast  # pylint: disable=import-outside-toplevel
   import pathlib  # pylint: disable=import-outside-toplevel
-  from experiments.common.repo_paths import REPO_DIR  # pylint: disable=import-outside-toplevel
+  from experiments.common.harness.repo_paths import REPO_DIR  # pylint: disable=import-outside-toplevel
   calls, plain = 0, []
   for top in ("experiments", "launch"):
     for path in sorted(pathlib.Path(REPO_DIR, top).rglob("*.py")):

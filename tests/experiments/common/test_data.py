@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments.common import digits, shakespeare
+from experiments.common.data import digits, shakespeare
 
 # Recorded by experiments/data/make_shakespeare.py; see experiments/data/README.md.
 TEXT_SHA256 = "b3b8e7fa68c8e0239830de97c1b0be22ad3991eb2169c1f57aa5eb5cb9bd8f14"
@@ -80,6 +80,6 @@ def test_digits():
 
 
 def test_missing_package_message():
-  from experiments.common.optional_imports import require
+  from experiments.common.harness.optional_imports import require
   with pytest.raises(ImportError, match="pip install not-a-real-pkg"):
     require("not_a_real_module_xyz", "not-a-real-pkg", "a test")

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.common import distributed
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness import distributed
 from launch.multiprocess_local import run_processes
 
-from experiments.common.repo_paths import REPO_DIR as REPO
+from experiments.common.harness.repo_paths import REPO_DIR as REPO
 
 
 @pytest.mark.parametrize("env,expected", [

@@ -1,4 +1,4 @@
-"""experiments.common.train_loop.periodic_field: the loop's five periodic settings,
+"""experiments.common.harness.train_loop.periodic_field: the loop's five periodic settings,
 declared once with a shared help text and domain, and read by Run.settings."""
 
 import dataclasses
@@ -6,11 +6,11 @@ import importlib
 
 import pytest
 
-from experiments.common.config_flags import check_fields, config_field
-from experiments.common.run import Run
-from experiments.common.run_options import RunOptions
-from experiments.common.train_loop import (PERIODIC, LoopSettings, periodic_field,
-                                           periodic_settings)
+from experiments.common.harness.config_flags import check_fields, config_field
+from experiments.common.harness.run import Run
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.harness.train_loop import (PERIODIC, LoopSettings, periodic_field,
+                                                   periodic_settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +62,9 @@ def test_a_field_declared_under_another_name_is_refused():
 
 
 @pytest.mark.parametrize("module, name", [
-    ("experiments.common.lm_trainer", "LMConfig"),
-    ("experiments.common.moe_lm", "MoELMConfig"),
-    ("experiments.common.rl.config", "RLConfig"),
+    ("experiments.common.trainers.lm_trainer", "LMConfig"),
+    ("experiments.common.trainers.moe_lm", "MoELMConfig"),
+    ("experiments.common.trainers.rl.config", "RLConfig"),
     ("experiments.looped_rl.experiment", "LoopedRLConfig"),
     ("experiments.memoir.experiment", "MemoirExperimentConfig"),
     ("experiments.qlora.experiment", "QLoRAConfig"),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common import recipe_flag
+from experiments.common.trainers import recipe_flag
 from lowprec.models import transformer
 from lowprec.models.transformer import bf16_dot_general, fp32_dot_general
 from lowprec.numerics import recipes

@@ -11,14 +11,15 @@ import jaxlib.version
 import numpy as np
 import pytest
 
-from experiments.common import progress, results, run_metadata
-from experiments.common.run_options import RunOptions, resolve_run_options
+from experiments.common.evidence import results
+from experiments.common.harness import progress, run_metadata
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
 
 
-from experiments.common.repo_paths import REPO_DIR as REPO
+from experiments.common.harness.repo_paths import REPO_DIR as REPO
 _WORKER = """
 import sys
-from experiments.common import results
+from experiments.common.evidence import results
 for i in range(50):
   results.append_result(sys.argv[1], {"worker": sys.argv[2], "i": i, "pad": "x" * 5000})
 """

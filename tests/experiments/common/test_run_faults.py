@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from experiments.common import results as results_lib
-from experiments.common import results_file as results_file_lib
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer, CheckpointError, Snapshot
-from experiments.common.config_flags import SEED_DOMAIN
-from experiments.common.preemption import PREEMPTED_EXIT_CODE, PreemptionWatcher
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common.train_loop import LoopSettings, restore_or_initialize, run_loop
+from experiments.common.evidence import results as results_lib
+from experiments.common.evidence import results_file as results_file_lib
+from experiments.common.evidence.results import read_results
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.checkpoint import Checkpointer, CheckpointError, Snapshot
+from experiments.common.harness.config_flags import SEED_DOMAIN
+from experiments.common.harness.preemption import PREEMPTED_EXIT_CODE, PreemptionWatcher
+from experiments.common.harness.repo_paths import REPO_DIR
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.harness.train_loop import LoopSettings, restore_or_initialize, run_loop
 from experiments.lm import experiment as lm
 from tests.experiments.common.tiny_lm import TINY, cli as _cli, run as _run
 from tests import compile_cache
@@ -151,8 +151,8 @@ def _assert_one_row_as_uninterrupted(wd, full_run):
 # child process that compiles from this module's cache.
 _SIGKILLED = """
 import os, signal, sys
-from experiments.common import results as results_lib
-from experiments.common.checkpoint import Checkpointer
+from experiments.common.evidence import results as results_lib
+from experiments.common.harness.checkpoint import Checkpointer
 from tests import compile_cache
 from tests.experiments.common.tiny_lm import TINY, run
 
@@ -220,7 +220,7 @@ def test_second_process_on_a_workdir_is_refused_and_a_dead_holders_lock_is_free(
   wd = tmp_path / "run"
   wd.mkdir()
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from experiments.common import workdir; "
+      [sys.executable, "-c", "import sys, time; from experiments.common.harness import workdir; "
        "held = workdir._lock(sys.argv[1]); print('locked', flush=True); time.sleep(60)",
        str(wd)],
       stdout=subprocess.PIPE, text=True, cwd=REPO_DIR)
@@ -454,7 +454,7 @@ def test_a_diverged_run_keeps_its_last_healthy_checkpoint_to_resume_from(tmp_pat
 
 def test_report_tolerates_damaged_and_duplicate_rows_and_never_averages_fewer_seeds(
     tmp_path):
-  from experiments.common.sweep_spec import Arm, Sweep  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.sweep_spec import Arm, Sweep  # pylint: disable=import-outside-toplevel
   from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
   from launch.report import build_report  # pylint: disable=import-outside-toplevel
   sweep = Sweep("toy", "experiments.lm", TINY, (Arm("a", {"recipe": "fp32"}),),

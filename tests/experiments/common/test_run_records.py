@@ -14,11 +14,11 @@ import subprocess
 
 import pytest
 
-from experiments.common import run_metadata
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results_file import append_result, read_results
+from experiments.common.evidence.results_file import append_result, read_results
+from experiments.common.harness import run_metadata
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.checkpoint import Checkpointer
+from experiments.common.harness.repo_paths import REPO_DIR
 from tests.experiments.common.tiny_lm import TINY, cli, run
 
 
@@ -184,7 +184,7 @@ def test_a_resume_from_another_commit_warns_and_both_are_recorded(stopped, tmp_p
 
 
 def test_the_report_names_runs_that_span_commits(tmp_path):
-  from experiments.common.sweep_spec import Arm, Sweep  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps.sweep_spec import Arm, Sweep  # pylint: disable=import-outside-toplevel
   from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
   from launch.report import build_report  # pylint: disable=import-outside-toplevel
   sweep = Sweep("toy", "experiments.lm", TINY, (Arm("a", {"recipe": "fp32"}),),

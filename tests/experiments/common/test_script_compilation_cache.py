@@ -1,5 +1,5 @@
 """Every experiment script turns on JAX's persistent compilation cache
-(``experiments.common.script.turn_on_compilation_cache``) in a directory private to the
+(``experiments.common.harness.script.turn_on_compilation_cache``) in a directory private to the
 user: a later run loads the programs an earlier one compiled and ends with the same
 final metrics, bit for bit; a directory another user owns or can write is not used
 (issue 51, row 1: a shared ``<tmp>/jax_cache_lm`` let one user choose the executable
@@ -12,10 +12,10 @@ import subprocess
 import jax
 import pytest
 
-from experiments.common import private_dirs
-from experiments.common import script
-from experiments.common.repo_paths import REPO_DIR
-from experiments.common.results import read_results
+from experiments.common.evidence.results import read_results
+from experiments.common.harness import private_dirs
+from experiments.common.harness import script
+from experiments.common.harness.repo_paths import REPO_DIR
 from tests.experiments.common.tiny_lm import cli
 
 

@@ -13,14 +13,14 @@ import sys
 import pytest
 from absl import app, flags
 
-from experiments.common import log_filters
-from experiments.common import script
-from experiments.common import workdir as workdir_lib
-from experiments.common.checkpoint import Checkpointer
-from experiments.common.results import read_results
-from experiments.common.run import Run
-from experiments.common.run_options import RunOptions, resolve_run_options
-from experiments.common.train_loop import restore_or_initialize
+from experiments.common.evidence.results import read_results
+from experiments.common.harness import log_filters
+from experiments.common.harness import script
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.checkpoint import Checkpointer
+from experiments.common.harness.run import Run
+from experiments.common.harness.run_options import RunOptions, resolve_run_options
+from experiments.common.harness.train_loop import restore_or_initialize
 from experiments.lm import experiment as lm
 from tests.experiments.common.tiny_lm import TINY
 from tests import compile_cache

@@ -1,4 +1,4 @@
-"""experiments.common.sequential: spending, calibrated boundaries, and error control.
+"""experiments.common.sweeps.sequential: spending, calibrated boundaries, and error control.
 
 The simulations use fixed seeds, so every assertion is deterministic; each states what
 its tolerance means. A false-decision rate is checked as ``observed <= level + 5 SE``
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from experiments.common import sequential as sq
-from experiments.common.sequential import SequentialPlan
+from experiments.common.sweeps import sequential as sq
+from experiments.common.sweeps.sequential import SequentialPlan
 
 PATHS = 2**19  # Monte Carlo paths per plan (fresh draws, not the calibration's stream)
 Z = 5.0  # tolerance in Monte Carlo standard errors: P(N(0,1) > 5) = 2.9e-7

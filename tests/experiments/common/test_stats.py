@@ -1,4 +1,4 @@
-"""experiments.common.stats: spread, paired differences and tests, against hand-worked
+"""experiments.common.evidence.stats: spread, paired differences and tests, against hand-worked
 values and scipy's own implementations."""
 
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.common.stats import (format_spread, mean_interval, paired_difference,
-                                      paired_equivalence, sign_test, summarize)
+from experiments.common.evidence.stats import (format_spread, mean_interval, paired_difference,
+                                               paired_equivalence, sign_test, summarize)
 
 
 def test_paired_difference_by_hand():
@@ -102,7 +102,7 @@ def test_sign_test_exact_binomial():
 def test_seeds_needed_matches_published_paired_t_sample_sizes():
   # Two-sided paired t-test, level 0.05, power 0.8: n for effect sizes d = 0.2, 0.5, 1
   # (Cohen's tables as G*Power reproduces them: 199, 34, 10).
-  from experiments.common.stats import seeds_needed
+  from experiments.common.evidence.stats import seeds_needed
   assert seeds_needed(0.2, 1.0) == 199
   assert seeds_needed(-1.0, 2.0) == 34  # sign does not matter; only |mean| / sd
   assert seeds_needed(1.0, 1.0) == 10
@@ -112,7 +112,7 @@ def test_seeds_needed_matches_published_paired_t_sample_sizes():
 def test_median_interval_coverage_by_counting():
   # The sign-test interval [d_(k), d_(n+1-k)]: coverage 1 - 2 P(Bin(n, 1/2) < k),
   # counted here with math.comb; k the largest with coverage >= 0.95.
-  from experiments.common.stats import median_interval
+  from experiments.common.evidence.stats import median_interval
   for n in (6, 9, 20, 60):
     d = np.random.default_rng(n).standard_t(2, size=n)
     cover = lambda k: 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n

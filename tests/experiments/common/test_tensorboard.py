@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from experiments.common.tensorboard_reader import (event_file_damage, load,
-                                                   read_hparams_experiment,
-                                                   read_hparams_session, read_histograms,
-                                                   read_scalars)
-from experiments.common.tensorboard_writer import (MetricWriter, histogram_proto,
-                                                   write_hparams_experiment)
+from experiments.common.evidence.tensorboard_reader import (event_file_damage, load,
+                                                            read_hparams_experiment,
+                                                            read_hparams_session, read_histograms,
+                                                            read_scalars)
+from experiments.common.evidence.tensorboard_writer import (MetricWriter, histogram_proto,
+                                                            write_hparams_experiment)
 
 
 def test_scalars_histograms_hparams_roundtrip(tmp_path):
@@ -124,8 +124,8 @@ def test_finish_run_logs_every_row_metric_the_writer_has_not(tmp_path):
   """Fair Cast's export/lag_second_half was in results.jsonl only, so its HParams column
   was empty: a completed run now logs each row metric its events lack, at the final
   step, and no metric twice."""
-  from experiments.common.results import finish_run
-  from experiments.common.tensorboard_writer import MetricWriter
+  from experiments.common.evidence.results import finish_run
+  from experiments.common.evidence.tensorboard_writer import MetricWriter
   writer = MetricWriter(str(tmp_path / "run"))
   writer.write_scalars(3, {"export/unchanged_step": 0.25, "train/loss": 2.0})
   summary = {"run_name": "run", "metrics": {

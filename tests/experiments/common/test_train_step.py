@@ -1,4 +1,4 @@
-"""experiments.common.train_loop.make_train_step, with and without a quantization state
+"""experiments.common.harness.train_loop.make_train_step, with and without a quantization state
 carried by its gradient (Flax's _overwrite_with_gradient convention)."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common.train_loop import (TrainState, init_train_state, make_train_step,
-                                           without_quant_state)
+from experiments.common.harness.train_loop import (TrainState, init_train_state, make_train_step,
+                                                   without_quant_state)
 
 OVERWRITE = "_overwrite_with_gradient"
 

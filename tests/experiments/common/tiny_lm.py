@@ -2,8 +2,8 @@
 
 import sys
 
-from experiments.common.config_flags import config_to_flags
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.config_flags import config_to_flags
+from experiments.common.harness.run_options import RunOptions
 from experiments.lm import experiment as lm
 
 TINY = lm.LMConfig(num_steps=8, warmup_steps=1, seq_len=16, batch_size=4, d_model=16,

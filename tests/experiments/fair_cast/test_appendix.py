@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from experiments.common.results import append_result
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.results import append_result
+from experiments.common.evidence.tensorboard_writer import MetricWriter
 from experiments.fair_cast import appendix, bench_export, sweeps
 from launch import registry
 from launch.manifest import expand, write_manifest

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from experiments.fair_cast import experiment as fc
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.evidence.tensorboard_reader import read_scalars
 from tests import compile_cache
 
 

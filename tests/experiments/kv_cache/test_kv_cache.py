@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.run_options import RunOptions
 from experiments.kv_cache import experiment as kv
 from experiments.kv_cache.outliers import scale_key_channels
 from launch import registry
@@ -118,7 +118,7 @@ def test_run_end_to_end(tmp_path):
 def test_appendix_names_the_seeds_whose_base_did_not_learn(tmp_path):
   # The fault of the first kv_cache sweep: bases at 0.53 / 0.03 / 0.01 accuracy, with
   # nothing in the report saying the task was never learned.
-  from experiments.common.results import append_result  # pylint: disable=import-outside-toplevel
+  from experiments.common.evidence.results import append_result  # pylint: disable=import-outside-toplevel
   from experiments.kv_cache.appendix import kv_cache_appendix  # pylint: disable=import-outside-toplevel
   from launch.manifest import expand, write_manifest  # pylint: disable=import-outside-toplevel
   sweep = dataclasses.replace(registry.get("kv_cache"), seeds=(1, 2))

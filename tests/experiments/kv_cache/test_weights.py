@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 from experiments.kv_cache import experiment as kv
 from experiments.kv_cache import weights as w
 from launch import registry, sequential_runner

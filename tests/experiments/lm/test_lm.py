@@ -9,14 +9,14 @@ import sys
 import pytest
 
 from experiments.lm import experiment as lm
-from experiments.common import workdir as workdir_lib
-from experiments.common.config_flags import config_to_flags
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import (read_hparams_session, read_histograms,
-                                                   read_scalars)
+from experiments.common.harness import workdir as workdir_lib
+from experiments.common.harness.config_flags import config_to_flags
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.evidence.tensorboard_reader import (read_hparams_session, read_histograms,
+                                                            read_scalars)
 
-from experiments.common.repo_paths import REPO_DIR as REPO
+from experiments.common.harness.repo_paths import REPO_DIR as REPO
 from tests import compile_cache
 
 
@@ -130,7 +130,7 @@ def test_cli_run_prints_locations(tmp_path):
 
 
 def test_the_view_command_names_the_experiment_or_the_run_directory(tmp_path):
-  from experiments.common.script import view_dir
+  from experiments.common.harness.script import view_dir
   assert view_dir(str(tmp_path / "runs" / "lm" / "default"), "lm") == str(
       tmp_path / "runs" / "lm")
   assert view_dir(str(tmp_path / "x"), "lm") == str(tmp_path / "x")
@@ -177,7 +177,7 @@ def test_native_gemm_flag_trains_the_native_recipe_with_the_emulated_bits(tmp_pa
   """Issue 53 item 1: --native_gemm runs recipes.with_native_gemm(recipe); on the CPU
   its GEMMs are the emulated ones, so the run's metrics equal the plain recipe's; a
   recipe without a native GEMM is refused before training, naming the flag."""
-  from experiments.common import lm_trainer  # pylint: disable=g-import-not-at-top
+  from experiments.common.trainers import lm_trainer  # pylint: disable=g-import-not-at-top
   config = dataclasses.replace(TINY, recipe="mxfp8", num_steps=3, warmup_steps=1,
                                eval_every=3, log_every=1, checkpoint_every=0,
                                histogram_every=0)

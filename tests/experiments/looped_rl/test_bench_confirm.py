@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from experiments.common.sequential import SequentialPlan
+from experiments.common.sweeps.sequential import SequentialPlan
 from experiments.looped_rl import bench_confirm, bench_rollout, sweeps
 
 
@@ -60,7 +60,7 @@ def test_declaration_pairs_each_shape():
 
 
 def test_cpu_flag_outside_the_allowed_cpus_is_a_usage_error():
-  from experiments.common import bench_sequential  # pylint: disable=import-outside-toplevel
+  from experiments.common.sweeps import bench_sequential  # pylint: disable=import-outside-toplevel
   allowed = sorted(os.sched_getaffinity(0))
   assert bench_sequential.cpu_error(-1) is None
   assert bench_sequential.cpu_error(allowed[0]) is None

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.run_options import RunOptions
 from experiments.looped_rl import experiment as lrl
 from launch import registry
 

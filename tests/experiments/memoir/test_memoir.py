@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from experiments.memoir import experiment as memoir
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.evidence.tensorboard_reader import read_scalars
 from launch import registry
 from launch.sweep import prepare
 from tests import compile_cache
@@ -111,7 +111,7 @@ def test_no_write_arm_runs_and_writes_nothing(tmp_path):
 
 
 def test_recall_by_step_table_from_planted_curves(tmp_path):
-  from experiments.common.tensorboard_writer import MetricWriter
+  from experiments.common.evidence.tensorboard_writer import MetricWriter
   from experiments.memoir import appendix
   from launch.manifest import expand, write_manifest
   short = registry.get("memoir")

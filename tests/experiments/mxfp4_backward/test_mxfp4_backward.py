@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.run_options import RunOptions
 from experiments.mxfp4_backward import experiment as mb
 from experiments.mxfp4_backward import sweeps
 from lowprec.numerics import qdot

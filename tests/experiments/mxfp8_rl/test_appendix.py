@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.tensorboard_writer import MetricWriter
 from experiments.mxfp8_rl import appendix, sweeps
 from experiments.mxfp8_rl import experiment as mxfp8_rl
 from experiments.mxfp8_rl.experiment import PLANTED_FAULTS

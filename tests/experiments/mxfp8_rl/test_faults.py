@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from experiments.common.rl.config import make_model
-from experiments.common.rl.warm_start import warm_start
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers.rl.config import make_model
+from experiments.common.trainers.rl.warm_start import warm_start
 from experiments.mxfp8_rl import experiment as mxfp8_rl
 from experiments.mxfp8_rl.sweeps import INTENDED_CHECK
 from experiments.mxfp8_rl import weight_sync

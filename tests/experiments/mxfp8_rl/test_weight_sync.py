@@ -21,7 +21,7 @@ from lowprec.numerics import qdot
 from lowprec.numerics import quantizer
 from lowprec.numerics.rl import sampler_copy as sc
 from lowprec.numerics import tree_paths
-from experiments.common import recipe_flag
+from experiments.common.trainers import recipe_flag
 from experiments.mxfp8_rl import parity_tolerances
 from experiments.mxfp8_rl import serving
 from experiments.mxfp8_rl import weight_sync as ws

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.config_flags import replace_checked
-from experiments.common import lm_trainer
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.config_flags import replace_checked
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.trainers import lm_trainer
 from experiments.nvfp4_recipe import experiment as nv
 from experiments.nvfp4_recipe import sweeps
 from lowprec.models import Rule, quantization, quantize_model

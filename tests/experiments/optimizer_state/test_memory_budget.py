@@ -17,7 +17,7 @@ def test_lines_of_a_tiny_step():
   lines = memory_budget.step_lines(_tiny(moment_format="fp32"), vocab_size=11)
   # Counted independently: 4 bytes per float32 parameter of the initialized model.
   config = _tiny()
-  from experiments.common import lm_trainer  # pylint: disable=import-outside-toplevel
+  from experiments.common.trainers import lm_trainer  # pylint: disable=import-outside-toplevel
   import jax, jax.numpy as jnp  # pylint: disable=import-outside-toplevel,multiple-imports
   params = jax.eval_shape(lambda: lm_trainer.build_lm(config, 11).model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32), jax.random.PRNGKey(0)))["params"]

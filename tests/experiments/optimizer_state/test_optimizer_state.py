@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.common.results import append_result, read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
-from experiments.common.tensorboard_writer import MetricWriter
+from experiments.common.evidence.results import append_result, read_results
+from experiments.common.evidence.tensorboard_reader import read_scalars
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.harness.run_options import RunOptions
 from experiments.optimizer_state import appendix
 from experiments.optimizer_state import experiment as ostate
 from launch import registry

@@ -5,7 +5,7 @@ import json
 import os
 import shutil
 
-from experiments.common.sequential import SequentialPlan
+from experiments.common.sweeps.sequential import SequentialPlan
 from experiments.qlora import bench_confirm, sweeps
 from experiments.qlora import experiment as ql
 

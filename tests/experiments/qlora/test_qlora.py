@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import shakespeare
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
+from experiments.common.data import shakespeare
+from experiments.common.evidence.tensorboard_reader import read_hparams_session, read_scalars
+from experiments.common.harness.run_options import RunOptions
 from experiments.qlora import appendix, bench_step
 from experiments.qlora import experiment as ql
 from launch import registry

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.run_options import RunOptions
+from experiments.common.harness.run_options import RunOptions
 from experiments.scale_rules import experiment as sr
 from lowprec.models import Rule, quantize_model
 from tests.numerics import mx_reference, qwix_oracle
@@ -98,7 +98,7 @@ def test_ptq_telemetry_is_the_evaluated_batches_alone():
   """The ptq/ means once included the telemetry init sowed (random weights on a zero
   input): each operand's SQNR and saturated fraction against a direct apply of the
   quantized model on the same batch with fresh collections."""
-  from experiments.common import lm_trainer  # pylint: disable=g-import-not-at-top
+  from experiments.common.trainers import lm_trainer  # pylint: disable=g-import-not-at-top
   from lowprec.models import quantization  # pylint: disable=g-import-not-at-top
   config = sr.ScaleRulesConfig(**_TINY, fmt="e2m1", scale_rule="floor")
   parts = lm_trainer.build_lm(config, 40)

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from experiments.common.tensorboard_writer import MetricWriter
-from experiments.common import curve_plots
+from experiments.common.evidence.tensorboard_writer import MetricWriter
+from experiments.common.evidence import curve_plots
 from experiments.stale_sampler import appendix as sss
 from experiments.stale_sampler import sweeps as sss_sweeps
 from launch import registry

@@ -5,13 +5,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.common.rl import harness_checks
-from experiments.common.rl import loop as rl_loop
+from experiments.common.trainers.rl import harness_checks
+from experiments.common.trainers.rl import loop as rl_loop
 from experiments.stale_sampler import experiment as ss
-from experiments.common import arithmetic_task
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_scalars
+from experiments.common.data import arithmetic_task
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.evidence.tensorboard_reader import read_scalars
 from lowprec.models import sampling
 from tests import compile_cache
 
@@ -112,8 +112,8 @@ def test_arms_on_different_streams_are_different_runs(tiny, tmp_path):
 
 
 def test_warm_start_per_seed_and_target_accuracy(tiny, tmp_path):
-  from experiments.common.rl import warm_start as ws  # pylint: disable=import-outside-toplevel
-  from experiments.common.rl.config import make_model  # pylint: disable=import-outside-toplevel
+  from experiments.common.trainers.rl import warm_start as ws  # pylint: disable=import-outside-toplevel
+  from experiments.common.trainers.rl.config import make_model  # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match="pretrain_seed=3 conflicts"):
     dataclasses.replace(tiny, warm_start_per_seed=True, pretrain_seed=3)
   per_seed = dataclasses.replace(tiny, warm_start_per_seed=True, seed=4)

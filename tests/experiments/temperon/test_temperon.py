@@ -8,9 +8,9 @@ import os
 import pytest
 
 from experiments.temperon import experiment as temperon
-from experiments.common.results import read_results
-from experiments.common.run_options import RunOptions
-from experiments.common.tensorboard_reader import read_hparams_session, read_scalars
+from experiments.common.evidence.results import read_results
+from experiments.common.harness.run_options import RunOptions
+from experiments.common.evidence.tensorboard_reader import read_hparams_session, read_scalars
 from launch import registry
 
 TINY = temperon.TemperonConfig(num_steps=16, batch_size=32, train_examples=256, width=4,

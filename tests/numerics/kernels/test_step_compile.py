@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from experiments.benchmarks import step_compile
-from experiments.common.repo_paths import REPO_DIR
+from experiments.common.harness.repo_paths import REPO_DIR
 from lowprec.numerics import recipes
 from lowprec.numerics.kernels import compile_check
 
