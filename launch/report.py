@@ -22,7 +22,7 @@ import os
 import shlex
 import sys
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from absl import app, flags
 
@@ -109,11 +109,22 @@ def _curve_count_note(arm: str, tag: str, plotted: list[str], in_table: list[str
           f"{len(in_table)} (" + "; ".join(parts) + ")")
 
 
-def tensorboard_lines(info: dict[str, Any], recorded_dir: str, arms: int, runs: int
-                      ) -> list[str]:
+def drawn_curves(info: dict[str, Any], scalars_by_run: Mapping[str, Mapping[str, Any]]
+                 ) -> list[str]:
+  """The sweep's declared curves that some run logged at two or more steps: a tag
+  logged once (a final evaluation) draws no line in Time Series, and a card pinned
+  for it opens empty."""
+  return [t for t in info.get("curves", [])
+          if any(len({step for step, _ in scalars[t]}) > 1
+                 for scalars in scalars_by_run.values() if t in scalars)]
+
+
+def tensorboard_lines(info: dict[str, Any], recorded_dir: str, arms: int, runs: int,
+                      curves: list[str] | None = None) -> list[str]:
   """Markdown lines: the TensorBoard commands of the arm view, then of the per-seed runs
-  (:mod:`launch.tensorboard_views`)."""
-  curves = info.get("curves", [])
+  (:mod:`launch.tensorboard_views`). ``curves``: the tags pinned on top of Time Series
+  (default: the sweep's declared curves; :func:`drawn_curves` keeps those that draw)."""
+  curves = info.get("curves", []) if curves is None else curves
   pinned = urllib.parse.quote(json.dumps([{"plugin": "scalars", "tag": t} for t in curves],
                                          separators=(",", ":")), safe="")
   link = (f" and open <http://127.0.0.1:6006/?pinnedCards={pinned}#timeseries> "
@@ -449,11 +460,11 @@ def _runs_lines(d: SweepData) -> list[str]:
   return lines
 
 
-def _reproduce_lines(d: SweepData, arm_runs: int) -> list[str]:
-  """How to view (the arm view first), rerun and rebuild the sweep."""
+def _reproduce_lines(d: SweepData, arm_runs: int, curves: list[str]) -> list[str]:
+  """How to view (the arm view first, ``curves`` pinned), rerun and rebuild the sweep."""
   info, recorded_dir = d.info, d.recorded_dir
   return ["", "## Reproduce", "",
-          *tensorboard_lines(info, recorded_dir, arm_runs, len(d.manifest)),
+          *tensorboard_lines(info, recorded_dir, arm_runs, len(d.manifest), curves),
           f"`python -m launch.sweep --sweep={info['name']} --sweep_dir={recorded_dir}"
           f"{_override_flags(info)}` "
           f"reruns it (every run's full command is in `{recorded_dir}/manifest.jsonl`); "
@@ -482,7 +493,7 @@ def build_report(sweep_dir: str, confidence: float = 0.95) -> str:
   curve_lines, scalars_by_run = _curve_lines(d)
   lines += curve_lines + _runs_lines(d)
   view = tensorboard_views.write_arm_view(sweep_dir, scalars_by_run)  # rebuilt with it
-  lines += _reproduce_lines(d, len(os.listdir(view)))
+  lines += _reproduce_lines(d, len(os.listdir(view)), drawn_curves(d.info, scalars_by_run))
   appendix = registered_appendix(d.info)
   if appendix is not None:
     lines += [appendix(sweep_dir)]

@@ -9,7 +9,7 @@ from scipy import stats
 from experiments.common.evidence.results import append_result
 from experiments.common.evidence.tensorboard_writer import MetricWriter
 from experiments.lm.experiment import LMConfig
-from launch.report import build_report
+from launch.report import build_report, drawn_curves
 from experiments.common.sweeps.sweep_spec import Arm, Sweep
 from launch.manifest import expand, write_manifest
 
@@ -173,3 +173,13 @@ def test_overrides_are_recorded_and_in_the_reproduce_command(tmp_path):
           "`num_steps=600`, `recipe=fp8`") in text
   assert (f"`python -m launch.sweep --sweep=toy --sweep_dir={tmp_path} "
           "--override=num_steps=600 --override=recipe=fp8` reruns it") in text
+
+
+def test_time_series_pins_only_the_curves_that_draw_a_line():
+  """A declared curve no run logged, or logged at one step only (a final evaluation),
+  opens as an empty pinned card: the arm view's link leaves it out."""
+  info = {"curves": ["eval/loss", "eval/final_only", "never_logged", "train/loss"]}
+  scalars = {"a-s0": {"eval/loss": [(0, 2.0), (10, 1.0)], "eval/final_only": [(10, 1.0)]},
+             "b-s0": {"eval/final_only": [(10, 1.5), (10, 1.4)],  # a rewrite, one step
+                      "train/loss": [(5, 3.0), (6, 2.9)]}}
+  assert drawn_curves(info, scalars) == ["eval/loss", "train/loss"]
