@@ -22,22 +22,12 @@ import json
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
+from experiments.common.sweeps.confirmatory import LOOKS_FILE, read_looks
 from experiments.common.sweeps.sequential import (ClaimOutcome, SequentialPlan, arms_needed,
                                                   interval_cell, sweep_outcomes)
 from experiments.common.sweeps.sweep_data import evaluation_metrics, read_sweep_results
 from experiments.common.sweeps.sweep_spec import Sweep
 from launch.manifest import RunSpec
-
-LOOKS_FILE = "looks.jsonl"
-
-
-def read_looks(sweep_dir: str) -> list[dict[str, Any]]:
-  """The recorded looks, in order (empty before the first look completes)."""
-  path = os.path.join(sweep_dir, LOOKS_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def declaration(sweep: Sweep) -> dict[str, Any]:

@@ -98,6 +98,7 @@ def pilot_values(pilot: Pilot, metric: str) -> tuple[dict[int, float], dict[int,
 
 
 def read_looks(sweep_dir: str) -> list[dict[str, Any]]:
+  """The recorded looks, in order (empty before the first look completes)."""
   path = os.path.join(sweep_dir, LOOKS_FILE)
   if not os.path.exists(path):
     return []
