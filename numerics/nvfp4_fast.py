@@ -6,11 +6,12 @@ dequantizing forms run for the ``te`` convention, with any rounding: the block a
 the per-block values (``S_dec``, ``enc``) are materialized once (:func:`_materialize`),
 so XLA neither recomputes them per element nor copies the scalar chain into every
 fusion that reads it. ``S_dec`` is rounded onto E4M3 by float adds, and ``enc`` read
-from a 127-entry table (one per E4M3 value of ``S_dec``) that the exact integer chain
-(``mul_narrow``, ``div_rn_idiv``) forms once per tensor
-(:func:`te_block_scales_by_table`): there is no reason to branch to XLA:CPU's native
-division on that backend (correctly rounded for normal quotients, but it flushes
-subnormal ones, e.g. ``1/S_enc``). E2M1 rounding is done in float arithmetic
+from a 127-entry table (one per E4M3 value of ``S_dec``) formed once per tensor
+(:func:`enc_table`). The tensor scales and the table are exact IEEE float32 arithmetic
+in ops XLA fuses (:mod:`numerics.fused_division`: a division estimate corrected by
+the exact remainder), not XLA:CPU's native division, which is correctly rounded for
+normal quotients but flushes subnormal ones (e.g. ``1/S_enc``), nor XLA:GPU's, which is
+approximate. E2M1 rounding is done in float arithmetic
 (:func:`_e2m1_rne_magnitude`, :func:`_e2m1_sr_magnitude`) on operands that are never
 subnormal. The ``torchao`` convention and the Pallas kernels run the reference cores
 (:mod:`numerics.nvfp4_torchao`, :func:`numerics.nvfp4_te.nvfp4_quantize_core`); the
@@ -24,20 +25,14 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-import ml_dtypes
-
 from lowprec.numerics import block_layout
-from lowprec.numerics import float_bits
+from lowprec.numerics import fused_division
 from lowprec.numerics import formats as formats_lib
 from lowprec.numerics import nvfp4_te
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
 
 _U = np.uint32
-_FLT_MAX = np.float32(np.finfo(np.float32).max)
-# The float32 values of E4M3 codes 0..126, every finite S_dec >= 0.
-_E4M3_VALUES = np.arange(127, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(
-    np.float32)
 
 
 def _materialize(*block_values: jax.Array) -> tuple[jax.Array, ...]:
@@ -87,6 +82,43 @@ def _magnitude_times(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where(sub, prod * np.float32(2.0 ** -24), prod)
 
 
+def _e4m3_significands() -> tuple[np.ndarray, np.ndarray]:
+  """(uint32 significand in [8, 15], int32 exponent) of the E4M3 values of codes
+  1..126 (value = sig * 2^exp; subnormal codes normalized), with (0, 0) for code 0."""
+  code = np.arange(127)
+  field, mant = code >> 3, code & 7
+  sig = np.where(field == 0, mant, mant | 8)
+  exp = np.where(field == 0, -9, field - 10)
+  for _ in range(3):  # subnormals: shift the leading one up to bit 3
+    low = (sig > 0) & (sig < 8)
+    sig, exp = np.where(low, sig << 1, sig), np.where(low, exp - 1, exp)
+  return sig.astype(np.uint32), exp.astype(np.int32)
+
+
+_E4M3_SIG, _E4M3_EXP = _e4m3_significands()
+
+
+def enc_table(inv_s_enc: jax.Array) -> jax.Array:
+  """float32 ``min(1 / (v * (1/S_enc)), FLT_MAX)`` for the 127 E4M3 values ``v >= 0``
+  (codes 0..126; code 0 gives FLT_MAX), each operation rounded to nearest even as
+  IEEE float32 does, subnormal ``1/S_enc`` and products included.
+
+  The product of E4M3's 4-bit significand and ``1/S_enc``'s 24-bit one is exact in
+  uint32 and rounded once (:func:`numerics.fused_division.round_bits`); the reciprocal
+  is :func:`numerics.fused_division.reciprocal_bits`: fused ops, no integer division.
+  """
+  bits = lax.bitcast_convert_type(inv_s_enc, jnp.uint32)
+  sig, e = fused_division.significand(jnp.maximum(bits, _U(1)), subnormal=True)
+  n = _E4M3_SIG * sig  # in [2^26, 2^28), or 0 for code 0
+  p = fused_division.round_bits(jnp.maximum(n, _U(1 << 26)), 26, _E4M3_EXP + e - 23,
+                                jnp.zeros(n.shape, bool), subnormal=True,
+                                overflow=False)  # v * (1/S_enc) <= 448 * 2^117
+  p = jnp.where((n == 0) | (bits == 0), _U(0), p)
+  enc = fused_division.reciprocal_bits(p, subnormal_in=True, subnormal_out=False,
+                                       overflow=True)  # 1/p >= 2^-126
+  return lax.bitcast_convert_type(jnp.minimum(enc, _U(0x7F7FFFFF)), jnp.float32)
+
+
 def te_block_scales_by_table(block_amax: jax.Array, s_enc: jax.Array,
                              inv_s_enc: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(E4M3-rounded ``S_dec``, element multiplier ``enc``) per block: the values of
@@ -96,15 +128,12 @@ def te_block_scales_by_table(block_amax: jax.Array, s_enc: jax.Array,
   ``S_dec`` is rounded onto E4M3 by float adds (:func:`_e4m3_rne_nonnegative`), and
   ``enc = min(1 / (S_dec * (1/S_enc)), FLT_MAX)``, which depends on the block only
   through ``S_dec``'s code, is read from a table of its 127 values formed once per
-  tensor by the exact integer chain (:func:`numerics.float_bits.mul_narrow`,
-  :func:`numerics.float_bits.div_rn_idiv`): that chain, about 500 ops per block
-  before, now runs on 127 scalars, and compiles once instead of into the block loop.
+  tensor (:func:`enc_table`).
   """
   s_dec = _e4m3_rne_nonnegative(jnp.minimum(_magnitude_times(
       lax.bitcast_convert_type(block_amax, jnp.uint32), s_enc * np.float32(1.0 / 6.0)),
       np.float32(448.0)))
-  table, = _materialize(jnp.minimum(float_bits.div_rn_idiv(
-      np.float32(1.0), float_bits.mul_narrow(_E4M3_VALUES, inv_s_enc)), _FLT_MAX))
+  table, = _materialize(enc_table(inv_s_enc))
   code = nvfp4_te.encode_e4m3_nonnegative(s_dec)
   return s_dec, jnp.take(table, code.astype(jnp.int32), mode="clip")
 
@@ -198,8 +227,7 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
                                  amax_axis_name)
   # Materialized: XLA would otherwise copy this scalar chain (~400 ops) into every
   # fusion that reads 1/S_enc, down to the consumers of a GEMM that applies it.
-  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(
-      t_amax_bits, lax.bitcast_convert_type(t_amax_bits, jnp.float32)))
+  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(t_amax_bits))
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)

@@ -13,13 +13,15 @@ rounding of ``x * multiplier``, the tensor-scale multiply), the TE scale chain, 
 :mod:`numerics.nvfp4_fast` is the same chain in two passes for the jnp path, and
 :mod:`numerics.nvfp4` holds the public functions.
 
-NVFP4's divisions use :func:`numerics.float_bits.div_rn` (IEEE round-to-nearest from
-integer ops: GPU Triton kernels divide approximately, TPUs by a reciprocal estimate),
-and its products with a possibly subnormal operand (``block_amax * S_enc/6`` and
-``x * enc``) rescale that operand in the bits first (:func:`mul_subnormal_lhs`). A
-tensor whose amax is below ``2688 * 2^-126`` (3.2e-35) has a subnormal ``1/S_enc``, and
-its dequantized values are subnormal: the products with those are formed exactly in
-integers and rounded once (:func:`numerics.float_bits.mul_narrow`, behind
+NVFP4's divisions are IEEE round-to-nearest on every backend (GPU Triton kernels and
+XLA:GPU divide approximately, TPUs by a reciprocal estimate, XLA:CPU flushes
+subnormals): :func:`numerics.float_bits.div_rn` (integer ops) in the Pallas kernels,
+:mod:`numerics.fused_division` (an estimate corrected by the exact remainder) for the
+tensor scales and the jnp path's table. Its products with a possibly subnormal operand
+(``block_amax * S_enc/6`` and ``x * enc``) rescale that operand in the bits first
+(:func:`mul_subnormal_lhs`). A tensor whose amax is below ``2688 * 2^-126`` (3.2e-35)
+has a subnormal ``1/S_enc``, and its dequantized values are subnormal: the products
+with those are formed exactly in integers and rounded once (:func:`numerics.float_bits.mul_narrow`, behind
 :func:`tensor_scaled`), and zero tests read the bits. So NVFP4 gives the spec's float32
 bits on every backend, for tensors of float32 subnormals too, although CPU and TPU
 arithmetic flush subnormals.
@@ -36,12 +38,14 @@ from lowprec.numerics import block_layout
 from lowprec.numerics import encoding
 from lowprec.numerics import float_bits
 from lowprec.numerics import formats as formats_lib
+from lowprec.numerics import fused_division
 from lowprec.numerics import rounding as rounding_lib
 from lowprec.numerics.block_layout import AmaxAxisName
 
 _U = np.uint32
 _I = np.int32
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
+_FLT_MAX_BITS = _U(0x7F7FFFFF)
 
 
 def finite_tensor_amax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -62,16 +66,28 @@ def nvfp4_tensor_scale(x: jax.Array, *, amax_axis_name: AmaxAxisName = None
   """
   bits, _ = finite_tensor_amax(x)
   bits = block_layout.reduce_amax_bits(bits, amax_axis_name)
-  return tensor_scale_of_amax(bits, lax.bitcast_convert_type(bits, jnp.float32))
+  return tensor_scale_of_amax(bits)
 
 
-def tensor_scale_of_amax(t_amax_bits, t_amax):
-  # Scalars, outside the Pallas kernels (they take both as inputs): XLA's exact
-  # integer division, the same bits as div_rn's loop in fewer ops.
-  div = float_bits.div_rn_idiv
-  s_enc = jnp.minimum(div(np.float32(448.0 * 6.0), t_amax), _FLT_MAX)
-  s_enc = jnp.where((t_amax_bits == 0) | (s_enc == 0), np.float32(1.0), s_enc)
-  return s_enc, div(np.float32(1.0), s_enc)
+def tensor_scale_of_amax(t_amax_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """float32 ``(S_enc, 1/S_enc)`` from the int32 bits of the finite tensor amax.
+
+  Scalars outside the Pallas kernels (they take both as inputs), in fused exact
+  arithmetic (:mod:`numerics.fused_division`): ``S_enc = min(RN(2688 / amax),
+  FLT_MAX)``, which is FLT_MAX for every subnormal amax (the quotient overflows) and 1
+  for a zero one; ``1/S_enc`` is subnormal for amax below ``2688 * 2^-126``.
+  """
+  bits = t_amax_bits.astype(jnp.uint32)
+  normal = bits >= _U(0x00800000)
+  s = fused_division.constant_over_bits(
+      448.0 * 6.0, jnp.where(normal, bits, _U(0x3F800000)), subnormal_out=False,
+      overflow=True)
+  s = jnp.where(normal, jnp.minimum(s, _FLT_MAX_BITS), _FLT_MAX_BITS)
+  s = jnp.where(bits == 0, _U(0x3F800000), s)  # S_enc >= 2^-117: never zero
+  inv = fused_division.reciprocal_bits(s, subnormal_in=False, subnormal_out=True,
+                                       overflow=False)
+  return (lax.bitcast_convert_type(s, jnp.float32),
+          lax.bitcast_convert_type(inv, jnp.float32))
 
 
 def mul_subnormal_lhs(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -119,7 +135,7 @@ def te_block_scales(block_amax, s_enc, scalar_div=float_bits.div_rn):
 
   ``scalar_div`` forms the scalar ``1/S_enc``: :func:`numerics.float_bits.div_rn` in the
   Pallas kernels' body, :func:`numerics.float_bits.div_rn_idiv` in jnp programs (the
-  same bits; CSE'd with the tensor scale's own). The per-block reciprocal stays on
+  same bits as :func:`tensor_scale_of_amax`'s). The per-block reciprocal stays on
   ``div_rn``'s loop, which fuses into one pass (XLA:CPU keeps integer divisions out
   of fusions: per-block divisions took ``quantize_nvfp4`` from 0.8-1.3x a copy's time
   to 1.4-2.5x)."""
