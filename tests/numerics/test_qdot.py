@@ -74,6 +74,19 @@ def _keys(key, gemm):
   return [jax.random.fold_in(k, i) for i in range(3)]
 
 
+@pytest.mark.parametrize("key", [jax.random.key(5), jax.random.PRNGKey(5)],
+                         ids=["typed", "raw"])
+def test_gemm_keys_are_the_documented_fold_ins(key):
+  """The batched derivation gives the module docstring's keys, fold_in(fold_in(key,
+  g), j), for typed and raw uint32 keys."""
+  data = lambda k: (jax.random.key_data(k)
+                    if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k)
+  got = qdot._gemm_keys(key)  # pylint: disable=protected-access
+  for g in range(3):
+    for j, want in enumerate(_keys(key, g)):
+      chex.assert_trees_all_equal(data(got[g][j]), data(want))
+
+
 def _mx(x, fmt, key=None, **kw):
   stochastic = dict(key=key) if kw.get("rounding", Nearest()).needs_key else {}
   return numerics.dequantize(numerics.quantize_mx(x, fmt, pad=True, **stochastic, **kw))
