@@ -177,9 +177,11 @@ def qwix_model(model: nn.Module, qtype: str) -> nn.Module | None:
 
 
 def train_step(model: nn.Module, x: jax.Array, y: jax.Array
-               ) -> tuple[Callable[[], Any], Callable[[], tuple[float, float]]]:
+               ) -> tuple[Callable[[], Any], Callable[[], tuple[float, float]],
+                          Callable[[], Any]]:
   """(a no-argument call of the compiled Adam step, a function that traces, lowers and
-  compiles the step afresh and returns (wall seconds, process CPU seconds)).
+  compiles the step afresh and returns (wall seconds, process CPU seconds), a function
+  returning the last compiled executable).
 
   Each compile wraps a new Python function, so no trace or executable is reused from
   an earlier compile (jit caches both per function object).
@@ -212,7 +214,7 @@ def train_step(model: nn.Module, x: jax.Array, y: jax.Array
     return seconds
 
   holder = [None]
-  return (lambda: holder[0](*args)), compile_seconds
+  return (lambda: holder[0](*args)), compile_seconds, (lambda: holder[0])
 
 
 def time_arms(calls: dict[str, Callable[[], Any]], repeats: int
@@ -253,7 +255,7 @@ def run_config(family: str, tokens: int, width: int, recipes: list[str],
   compile_s = {name: np.zeros(compile_rounds) for name in arms}
   compile_cpu = {name: np.zeros(compile_rounds) for name in arms}
   for i in range(compile_rounds):
-    for name, (_, compile_seconds) in list(steps.items()):
+    for name, (_, compile_seconds, _) in list(steps.items()):
       try:
         compile_s[name][i], compile_cpu[name][i] = compile_seconds()
       except ValueError as e:  # qwix's block formats reject some shapes
@@ -261,7 +263,7 @@ def run_config(family: str, tokens: int, width: int, recipes: list[str],
           raise
         print(f"  (arm {name} skipped: {e})")
         del steps[name], compile_s[name], compile_cpu[name]
-  times = time_arms({name: call for name, (call, _) in steps.items()}, repeats)
+  times = time_arms({name: call for name, (call, _, _) in steps.items()}, repeats)
   base = "bf16" if "bf16" in times else next(iter(times))
   wall_b, cpu_b = times[base]
   rows = []

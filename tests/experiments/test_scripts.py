@@ -48,6 +48,17 @@ def test_small_models_benchmark_smoke(tmp_path):
   assert all(r["step_ms_median"] > 0 and r["compile_s"] > 0 for r in rows)
 
 
+def test_program_size_counts_the_compiled_step():
+  """bf16's step has no threefry loop; mxfp4's (RHT and per-GEMM keys) has loops and
+  a larger program."""
+  out = _run("experiments.benchmarks.program_size", "--models=vit", "--tokens=16",
+             "--width=32", "--recipes=bf16,mxfp4")
+  rows = {line.split()[1]: line.split() for line in out.splitlines()[1:]}
+  instructions = {r: int(rows[r][2].replace(",", "")) for r in ("bf16", "mxfp4")}
+  assert rows["bf16"][4] == "0" and int(rows["mxfp4"][4]) > 0
+  assert instructions["mxfp4"] > instructions["bf16"] > 0
+
+
 def test_kernel_check_smoke_runs_every_stage(tmp_path):
   """The device check's CPU smoke run at its smallest settings: every stage runs and
   records what it ran. Its correctness stage once looked for the kernel tests under
