@@ -10,8 +10,8 @@ estimate), corrected by the exact remainder in wrapping uint32 arithmetic: only
 elementwise ops, so a division fuses into one loop. The result is IEEE float32's
 round to nearest even, subnormal results and overflow included, on every backend, and
 never reads a subnormal float (XLA:CPU and TPUs would read it as zero): operands are
-taken apart in their bits. Tests hold each function to NumPy's float32 and to
-:mod:`numerics.float_bits` with the estimate perturbed by up to 8 ulps.
+taken apart in their bits. Tests hold each function to NumPy's float32 with the
+estimate exact and perturbed by up to 16 ulps (2^-20).
 
 For jnp programs only: the Pallas kernels keep :func:`numerics.float_bits.div_rn` (Triton
 has no ``clz``).
@@ -52,10 +52,11 @@ def quotient(sa: int, sb: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(q, r)``: ``q = floor(sa * 2^25 / sb)`` in [2^24, 2^26) and ``r = sa * 2^25 - q *
   sb`` in [0, sb), for a constant ``sa`` and uint32 ``sb``, both in [2^23, 2^24).
 
-  The estimate ``sa 2^25 * (1/sb)`` is off by at most 64 when the reciprocal is within
-  2^-20 of ``1/sb``, so the remainder, formed modulo 2^32, is exact in int32 (below
-  65 * 2^24); its own estimated quotient by ``sb`` is off by at most one, which the last
-  two selects correct.
+  The estimate ``sa 2^25 * (1/sb)`` is off by at most 70 when the reciprocal is within
+  2^-20 of ``1/sb`` (64 from the reciprocal, 4 from rounding the product), so the
+  remainder, formed modulo 2^32, is exact in int32 (below 71 * 2^24 < 2^31); its own
+  estimated quotient by ``sb`` is off by at most one, which the last two selects
+  correct.
   """
   sa = int(sa)
   sbf = sb.astype(jnp.int32).astype(jnp.float32)
