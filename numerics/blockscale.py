@@ -46,7 +46,8 @@ from lowprec.numerics.mx_scales import (MX_BLOCK, MX_ELEMENT_FORMATS, SCALE_RULE
                                         mx_scale_exponent)
 from lowprec.numerics.nvfp4 import (nvfp4_grid_multipliers, nvfp4_layout,
                                     quantize_dequantize_nvfp4,
-                                    quantize_dequantize_nvfp4_blocks, quantize_nvfp4)
+                                    quantize_dequantize_nvfp4_blocks,
+                                    quantize_dequantize_nvfp4_blocks_many, quantize_nvfp4)
 from lowprec.numerics.nvfp4_fast import nvfp4_te_fast
 from lowprec.numerics.nvfp4_te import (encode_e4m3_nonnegative, nvfp4_quantize_core,
                                        nvfp4_tensor_scale, tensor_scaled)
@@ -62,7 +63,8 @@ __all__ = [
     "nvfp4_grid_multipliers", "nvfp4_layout", "nvfp4_quantize_core",
     "nvfp4_te_fast", "nvfp4_tensor_scale", "nvfp4_torchao_quantize_core",
     "nvfp4_torchao_tensor_scale", "pad_to_multiple", "quantize_dequantize_mx",
-    "quantize_dequantize_nvfp4", "quantize_dequantize_nvfp4_blocks", "quantize_mx",
+    "quantize_dequantize_nvfp4", "quantize_dequantize_nvfp4_blocks",
+    "quantize_dequantize_nvfp4_blocks_many", "quantize_mx",
     "quantize_nvfp4", "reduce_amax_bits", "tensor_scaled",
 ]
 

@@ -91,10 +91,7 @@ def quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
            if telemetry else None)
     nat = native_gemm.tensor_operand(codes, decode, op.fmt) if native else None
     return Operand(q, tel, delayed_scaling.amax(x), None, nat)
-  spec = op.spec(contract_axis, free_axis)
-  x_in = x
-  if op.clip == "rms":
-    x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
+  x, x_in, spec = _clipped(x, op, contract_axis, free_axis)
   if native:
     q, scale, nat = _native_quantize(x, spec, key, owner)
     tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
@@ -109,9 +106,7 @@ def quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
       split = gradients.not_differentiable(split, owner[0], "",
                                            message=no_gradient_message(*owner))
     q, scale = split(x, key)
-    tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
-           if telemetry else None)
-    return Operand(q, tel, None, scale)
+    return _split_operand(x_in, q, scale, spec, telemetry)
   fmt_max = float(formats_lib.get(op.fmt).max)
   s = macro_scaling.macro_block_scales(
       x, fmt_max, **op.blocks(contract_axis, free_axis, op.macro_block))
@@ -122,6 +117,51 @@ def quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
     tel = telemetry_lib.spec_telemetry(x / s, q_in_macro, spec)
     tel = tel._replace(sqnr_db=telemetry_lib.spec_telemetry(x_in, q, spec).sqnr_db)
   return Operand(q, tel)
+
+
+def _clipped(x: jax.Array, op: recipes_lib.OperandQuant, contract_axis: int,
+             free_axis: int) -> tuple[jax.Array, jax.Array, quantizer.QuantSpec]:
+  """(the operand as quantized, after any RMS clipping; before it; its spec)."""
+  spec = op.spec(contract_axis, free_axis)
+  x_in = x
+  if op.clip == "rms":
+    x = clipping.clip_to_block_rms(x, **op.blocks(contract_axis, free_axis))
+  return x, x_in, spec
+
+
+def _split_operand(x_in, q, scale, spec, telemetry: bool) -> Operand:
+  tel = (telemetry_lib.spec_telemetry(x_in, q if scale is None else q * scale, spec)
+         if telemetry else None)
+  return Operand(q, tel, None, scale)
+
+
+def _splits_together(x: jax.Array, op, axes, native: bool) -> bool:
+  """Whether ``op`` quantizes ``x`` as an NVFP4 (te) split on the jnp path, nothing
+  else in the way: such operands of one GEMM share one scale chain."""
+  return (op is not None and not native and not isinstance(op, recipes_lib.DelayedQuant)
+          and op.macro_block is None and kernels.splits_on_jnp(x, op.spec(*axes)))
+
+
+def _quantize_together(xs, ops, axes, keys, telemetry: bool, owner
+                       ) -> tuple[Operand, ...]:
+  """:func:`quantize_operand` of operands that :func:`_splits_together`, bit for bit,
+  with their NVFP4 scale chains in one computation
+  (:func:`numerics.kernels.quantize_dequantize_split_many`)."""
+  ready = []
+  for x, op, (contract_axis, free_axis), key in zip(xs, ops, axes, keys):
+    x = x.astype(jnp.float32)
+    if op.prescale != 1.0:
+      x = x * np.float32(op.prescale)
+    ready.append(_clipped(x, op, contract_axis, free_axis)
+                 + (key if op.rounding.needs_key else None,))
+  split = lambda xs, keys: kernels.quantize_dequantize_split_many(
+      xs, [r[2] for r in ready], keys)
+  if owner is not None:
+    split = gradients.not_differentiable(split, owner[0], "",
+                                         message=no_gradient_message(*owner))
+  outs = split([r[0] for r in ready], [r[3] for r in ready])
+  return tuple(_split_operand(r[1], q, scale, r[2], telemetry)
+               for r, (q, scale) in zip(ready, outs))
 
 
 def _native_quantize(x: jax.Array, spec, key, owner: tuple[str, str] | None):
@@ -180,12 +220,16 @@ def gemm_operands(a, b, gemm, axes_a, axes_b, keys, delayed, telemetry, name, ow
   if gemm.hadamard is not None:
     a, b = _hadamard_pair(a, b, axes_a[0], axes_b[0], gemm.hadamard, keys[0],
                           gemm.hadamard_random)
+  lhs_delayed = delayed_state(delayed, name, "lhs")
+  rhs_delayed = delayed_state(delayed, name, "rhs")
+  if (_splits_together(a, gemm.lhs, axes_a, natives[0])
+      and _splits_together(b, gemm.rhs, axes_b, natives[1])):
+    return _quantize_together((a, b), (gemm.lhs, gemm.rhs), (axes_a, axes_b),
+                              (keys[1], keys[2]), telemetry, owner)
   return (quantize_operand(a, gemm.lhs, *axes_a, keys[1], telemetry=telemetry,
-                           delayed=delayed_state(delayed, name, "lhs"), owner=owner,
-                           native=natives[0]),
+                           delayed=lhs_delayed, owner=owner, native=natives[0]),
           quantize_operand(b, gemm.rhs, *axes_b, keys[2], telemetry=telemetry,
-                           delayed=delayed_state(delayed, name, "rhs"), owner=owner,
-                           native=natives[1]))
+                           delayed=rhs_delayed, owner=owner, native=natives[1]))
 
 
 def delayed_state(delayed: qdot_state.OperandSlots | None, gemm: str, side: str):

@@ -221,6 +221,57 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
                            rounding=rounding, pad=pad, amax_axis_name=amax_axis_name)
 
 
+@functools.partial(jax.jit, static_argnames=("configs",))
+def _qdq_nvfp4_blocks_many(xs, keys, *, configs):
+
+  def run(xs, keys):
+    xps = [block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
+           for x, (axes, blocks, _, pad, _) in zip(xs, configs)]
+    outs = nvfp4_fast.nvfp4_te_fast_blocks_many(
+        xps, [(c[0], c[1]) for c in configs], [c[2] for c in configs],
+        [c[2].words(key, xp.shape, shard_of=xp) for c, key, xp in zip(configs, keys, xps)],
+        [c[4] for c in configs])
+    return [(v[tuple(slice(0, d) for d in x.shape)], inv)
+            for (v, inv), x in zip(outs, xs)]
+
+  return gradients_lib.not_differentiable(
+      run, "quantize_dequantize_nvfp4_blocks_many",
+      "quantize_dequantize_nvfp4 (straight-through)")(xs, keys)
+
+
+def quantize_dequantize_nvfp4_blocks_many(xs: Sequence[jax.Array],
+                                          options: Sequence[dict]
+                                          ) -> list[tuple[jax.Array, jax.Array]]:
+  """:func:`quantize_dequantize_nvfp4_blocks` of several tensors, bit for bit:
+  ``[(values, 1/S_enc), ...]``. ``options[i]`` holds ``xs[i]``'s keyword arguments of
+  that function (``block_shape``, ``axis``, ``rounding``, ``key``, ``pad``,
+  ``amax_axis_name``; absent ones take its defaults).
+
+  One program for all: the tensors' scale chains (``S_enc``, ``1/S_enc``, the 127-entry
+  ``enc`` table) run as one vectorized computation, so a GEMM that quantizes both
+  operands compiles one chain instead of two (:mod:`numerics.nvfp4_fast`). Not
+  differentiable, as :func:`quantize_dequantize_nvfp4_blocks`.
+  """
+  if len(xs) != len(options) or not xs:
+    raise ValueError(f"quantize_dequantize_nvfp4_blocks_many takes as many options as "
+                     f"tensors (at least one), got {len(xs)} and {len(options)}")
+  configs, keys = [], []
+  for x, opt in zip(xs, options):
+    unknown = set(opt) - {"block_shape", "axis", "rounding", "key", "pad",
+                          "amax_axis_name"}
+    if unknown:
+      raise ValueError(f"quantize_dequantize_nvfp4_blocks_many: unknown option(s) "
+                       f"{sorted(unknown)}")
+    rounding = opt.get("rounding", rounding_lib.Nearest())
+    _, (axes, blocks), name = _nvfp4_args(
+        x, opt.get("block_shape"), opt.get("axis"), rounding, opt.get("key"), "te",
+        "quantize_dequantize_nvfp4_blocks_many", opt.get("amax_axis_name"))
+    configs.append((axes, blocks, rounding, bool(opt.get("pad", False)), name))
+    keys.append(opt.get("key"))
+  return _qdq_nvfp4_blocks_many([jnp.asarray(x) for x in xs], keys,
+                                configs=tuple(configs))
+
+
 def nvfp4_grid_multipliers(x: jax.Array, *,
                            block_shape: int | Sequence[int] | None = None,
                            axis: int | Sequence[int] | None = None, pad: bool = False,

@@ -20,6 +20,8 @@ tests hold this path bit-equal to the TE core and both to the NumPy reference.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Sequence
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -101,13 +103,14 @@ _E4M3_SIG, _E4M3_EXP = _e4m3_significands()
 def enc_table(inv_s_enc: jax.Array) -> jax.Array:
   """float32 ``min(1 / (v * (1/S_enc)), FLT_MAX)`` for the 127 E4M3 values ``v >= 0``
   (codes 0..126; code 0 gives FLT_MAX), each operation rounded to nearest even as
-  IEEE float32 does, subnormal ``1/S_enc`` and products included.
+  IEEE float32 does, subnormal ``1/S_enc`` and products included: shape
+  ``inv_s_enc.shape + (127,)``, for ``1/S_enc <= 2^117`` (every tensor scale's).
 
   The product of E4M3's 4-bit significand and ``1/S_enc``'s 24-bit one is exact in
   uint32 and rounded once (:func:`numerics.fused_division.round_bits`); the reciprocal
   is :func:`numerics.fused_division.reciprocal_bits`: fused ops, no integer division.
   """
-  bits = lax.bitcast_convert_type(inv_s_enc, jnp.uint32)
+  bits = lax.bitcast_convert_type(inv_s_enc, jnp.uint32)[..., None]
   sig, e = fused_division.significand(jnp.maximum(bits, _U(1)), subnormal=True)
   n = _E4M3_SIG * sig  # in [2^26, 2^28), or 0 for code 0
   p = fused_division.round_bits(jnp.maximum(n, _U(1 << 26)), 26, _E4M3_EXP + e - 23,
@@ -130,10 +133,16 @@ def te_block_scales_by_table(block_amax: jax.Array, s_enc: jax.Array,
   through ``S_dec``'s code, is read from a table of its 127 values formed once per
   tensor (:func:`enc_table`).
   """
+  table, = _materialize(enc_table(inv_s_enc))
+  return _block_scales(block_amax, s_enc, table)
+
+
+def _block_scales(block_amax: jax.Array, s_enc: jax.Array, table: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """:func:`te_block_scales_by_table` with the tensor's table given."""
   s_dec = _e4m3_rne_nonnegative(jnp.minimum(_magnitude_times(
       lax.bitcast_convert_type(block_amax, jnp.uint32), s_enc * np.float32(1.0 / 6.0)),
       np.float32(448.0)))
-  table, = _materialize(enc_table(inv_s_enc))
   code = nvfp4_te.encode_e4m3_nonnegative(s_dec)
   return s_dec, jnp.take(table, code.astype(jnp.int32), mode="clip")
 
@@ -212,7 +221,50 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   ``dequantize=True`` the second pass runs behind
   :func:`numerics.nvfp4_te.tensor_scaled`.
   """
-  e4m3 = formats_lib.get("e4m3")
+  first = _first_pass(xp, axes, blocks, amax_axis_name)
+  # Materialized: XLA would otherwise copy this scalar chain into every fusion that
+  # reads 1/S_enc, down to the consumers of a GEMM that applies it.
+  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(first.t_amax_bits))
+  table, = _materialize(enc_table(inv_s_enc))
+  return _finish(xp, first, s_enc, inv_s_enc, table, rounding=rounding, words=words,
+                 dequantize=dequantize)
+
+
+def nvfp4_te_fast_blocks_many(xps: Sequence[jax.Array],
+                              layouts: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+                              roundings: Sequence[rounding_lib.Rounding],
+                              words: Sequence, amax_axis_names: Sequence[AmaxAxisName]
+                              ) -> list[tuple[jax.Array, jax.Array]]:
+  """:func:`nvfp4_te_fast` with ``dequantize="blocks"`` on several tensors at once, bit
+  for bit: ``[(values, 1/S_enc), ...]``, one per ``xps[i]`` with its ``(axes, blocks)``,
+  rounding, words and amax axis names.
+
+  The tensors' scale chains (``S_enc``, ``1/S_enc``, the ``enc`` table) run as one
+  vectorized computation on their stacked amaxes: the same ops on a longer vector, so
+  the program holds one chain instead of one per tensor (a GEMM's two operands).
+  """
+  firsts = [_first_pass(xp, axes, blocks, name)
+            for xp, (axes, blocks), name in zip(xps, layouts, amax_axis_names)]
+  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(
+      jnp.stack([f.t_amax_bits for f in firsts])))
+  tables, = _materialize(enc_table(inv_s_enc))
+  return [_finish(xp, f, s_enc[i], inv_s_enc[i], tables[i], rounding=r, words=w,
+                  dequantize="blocks")
+          for i, (xp, f, r, w) in enumerate(zip(xps, firsts, roundings, words))]
+
+
+class _FirstPass(NamedTuple):
+  """What the first pass over a tensor leaves: its blocked bits and shape, the block
+  amax bits (non-finite values included: a poisoned block's are >= Inf's) and the
+  finite tensor amax's bits."""
+  xb: jax.Array
+  amax: jax.Array
+  bshape: tuple[int, ...]
+  bpos: tuple[int, ...]
+  t_amax_bits: jax.Array
+
+
+def _first_pass(xp, axes, blocks, amax_axis_name) -> _FirstPass:
   bshape, bpos = block_layout.blocked_shape(xp.shape, axes, blocks)
   xb = lax.bitcast_convert_type(xp, jnp.uint32).reshape(bshape)
   ab = lax.bitcast_convert_type(xb & np.uint32(0x7FFFFFFF), jnp.int32)
@@ -224,14 +276,19 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
         lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (p,))
     amax, finite_amax = (jnp.expand_dims(v, p) for v in (amax, finite_amax))
   t_amax_bits = block_layout.reduce_amax_bits(jnp.max(finite_amax, initial=np.int32(0)),
-                                 amax_axis_name)
-  # Materialized: XLA would otherwise copy this scalar chain (~400 ops) into every
-  # fusion that reads 1/S_enc, down to the consumers of a GEMM that applies it.
-  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(t_amax_bits))
+                                              amax_axis_name)
+  return _FirstPass(xb, amax, bshape, bpos, t_amax_bits)
+
+
+def _finish(xp, first: _FirstPass, s_enc, inv_s_enc, table, *, rounding, words,
+            dequantize):
+  """The block scales and the second pass over ``xp`` (:func:`nvfp4_te_fast`'s
+  returns), given its first pass and tensor scales."""
+  xb, amax, bshape, bpos, _ = first
   poisoned = amax >= np.int32(0x7F800000)
   block_amax = lax.bitcast_convert_type(jnp.where(poisoned, np.int32(0), amax),
                                         jnp.float32)
-  s_dec, enc = _materialize(*te_block_scales_by_table(block_amax, s_enc, inv_s_enc))
+  s_dec, enc = _materialize(*_block_scales(block_amax, s_enc, table))
   if dequantize is True:
     # x, not its bits, enters the branches: an operand of lax.cond is materialized.
     return nvfp4_te.tensor_scaled(inv_s_enc, lambda mul: _nvfp4_te_second_pass(
@@ -247,7 +304,7 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
     return value, inv_s_enc
   codes = (sign >> 28) | _e2m1_code_of_magnitude(elem_bits)
   codes = jnp.where(poisoned, np.uint32(0), codes).astype(jnp.uint8).reshape(xp.shape)
-  scale_codes = jnp.where(poisoned, np.uint32(e4m3.nan_code),
+  scale_codes = jnp.where(poisoned, np.uint32(formats_lib.get("e4m3").nan_code),
                           nvfp4_te.encode_e4m3_nonnegative(s_dec)).astype(jnp.uint8)
   return codes, jnp.squeeze(scale_codes, axis=bpos), inv_s_enc
 

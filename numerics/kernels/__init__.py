@@ -33,9 +33,12 @@ from lowprec.numerics.kernels.mx_quantizers import mx_quantize, mx_quantize_dequ
 from lowprec.numerics.kernels.nvfp4_quantizers import (nvfp4_quantize, nvfp4_quantize_dequantize,
                                                nvfp4_quantize_dequantize_blocks)
 from lowprec.numerics.kernels.operand import (kernel_eligible, quantize_dequantize,
-                                      quantize_dequantize_split, splits_tensor_scale)
+                                      quantize_dequantize_split,
+                                      quantize_dequantize_split_many, splits_on_jnp,
+                                      splits_tensor_scale)
 
 __all__ = ["ENV_VAR", "IMPLS", "implementation", "kernel_eligible", "mx_matmul",
            "mx_quantize", "mx_quantize_dequantize", "nvfp4_quantize", "nvfp4_quantize_dequantize",
            "nvfp4_quantize_dequantize_blocks", "quantize_dequantize",
-           "quantize_dequantize_split", "splits_tensor_scale"]
+           "quantize_dequantize_split", "quantize_dequantize_split_many",
+           "splits_on_jnp", "splits_tensor_scale"]

@@ -113,3 +113,31 @@ def quantize_dequantize_split(x: jax.Array, spec: quantizer.QuantSpec, *,
       x, axis=spec.axis, rounding=spec.rounding, pad=spec.pad, use_kernel=use_kernel,
       interpret=interpret, interpret_as=interpret_as,
       amax_axis_name=spec.amax_axis_name, key=key)
+
+
+def splits_on_jnp(x: jax.Array, spec: quantizer.QuantSpec) -> bool:
+  """Whether :func:`quantize_dequantize_split` of ``x`` under ``spec`` (by the default
+  dispatch rule) splits the tensor scale and runs the jnp path: what
+  :func:`quantize_dequantize_split_many` takes."""
+  return splits_tensor_scale(spec) and not _runs_kernel(x, spec, None, False,
+                                                        dispatch.GPU)
+
+
+def quantize_dequantize_split_many(xs: list[jax.Array], specs: list[quantizer.QuantSpec],
+                                   keys: list[jax.Array | None]
+                                   ) -> list[tuple[jax.Array, jax.Array]]:
+  """:func:`quantize_dequantize_split` of several tensors whose specs all pass
+  :func:`splits_on_jnp`, bit for bit, in one program with one NVFP4 scale chain for
+  all (:func:`numerics.blockscale.quantize_dequantize_nvfp4_blocks_many`)."""
+  for x, spec in zip(xs, specs):
+    if not splits_on_jnp(x, spec):
+      raise ValueError(f"quantize_dequantize_split_many takes NVFP4 (te) specs on the "
+                       f"jnp path; got {spec}")
+  for spec, key in zip(specs, keys):
+    spec.rounding.check_key(key)
+  return blockscale.quantize_dequantize_nvfp4_blocks_many(
+      [rounding_lib.check_float_input(x, "kernels.quantize_dequantize_split_many")
+       for x in xs],
+      [dict(block_shape=spec.block_shape, axis=spec.axis, rounding=spec.rounding,
+            pad=spec.pad, amax_axis_name=spec.amax_axis_name, key=key)
+       for spec, key in zip(specs, keys)])

@@ -355,3 +355,35 @@ def test_block_scales_by_table_equal_te_chain(log2_gain):
     got = _by_table(amax, s_enc, inv)
     for a, b in zip(got, want):
       np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
+def _bits_equal(a, b):
+  np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def test_many_tensors_share_a_chain_with_the_same_bits():
+  """quantize_dequantize_nvfp4_blocks_many equals one call per tensor, bit for bit:
+  1x16 blocks, 16x16 tiles with stochastic rounding, a padded ragged axis, a poisoned
+  block and a tensor tiny enough for a subnormal 1/S_enc."""
+  k = jax.random.split(jax.random.key(11), 4)
+  a = jax.random.normal(k[0], (48, 64)) * 5.0
+  b = (jax.random.normal(k[1], (32, 48)) * 1e-36).at[3, 5].set(jnp.nan)
+  c = jax.random.normal(k[2], (40, 20))
+  options = [dict(axis=1), dict(block_shape=(16, 16), rounding=Stochastic(), key=k[3]),
+             dict(axis=1, pad=True)]
+  many = blockscale.quantize_dequantize_nvfp4_blocks_many([a, b, c], options)
+  for x, opt, (values, inv) in zip((a, b, c), options, many):
+    want_values, want_inv = blockscale.quantize_dequantize_nvfp4_blocks(x, **opt)
+    _bits_equal(values, want_values)
+    _bits_equal(inv, want_inv)
+  assert np.asarray(many[1][1]).view(np.uint32) < 0x00800000  # subnormal 1/S_enc
+
+
+def test_many_tensors_validate_their_options():
+  x = jnp.ones((16, 16))
+  with pytest.raises(ValueError, match="as many options as tensors"):
+    blockscale.quantize_dequantize_nvfp4_blocks_many([x, x], [{}])
+  with pytest.raises(ValueError, match="unknown option"):
+    blockscale.quantize_dequantize_nvfp4_blocks_many([x], [dict(axes=1)])
+  with pytest.raises(ValueError, match="key"):
+    blockscale.quantize_dequantize_nvfp4_blocks_many([x], [dict(rounding=Stochastic())])

@@ -393,3 +393,29 @@ def test_deterministic_hadamard_backward_matches_the_numpy_reference():
 def test_hadamard_random_must_be_a_bool():
   with pytest.raises(TypeError, match="hadamard_random must be a bool, got 'no'"):
     recipes.GemmRecipe(hadamard=16, hadamard_random="no")
+
+
+@pytest.mark.parametrize("gemm,axes", [("forward", ((-1, -2), (-2, -1))),
+                                       ("wgrad", ((-2, -1), (-2, -1)))])
+def test_nvfp4_operands_share_a_scale_chain_with_the_same_bits(gemm, axes):
+  """A GEMM whose two operands are NVFP4 (te) splits on the jnp path quantizes them
+  together (one scale chain, numerics.kernels.quantize_dequantize_split_many): the
+  same operands as quantize_operand's one at a time, telemetry included."""
+  from lowprec.numerics import gemm_operands  # pylint: disable=g-import-not-at-top
+  recipe = numerics.recipes.get("nvfp4")
+  g = getattr(recipe, gemm)
+  k = jax.random.split(jax.random.key(2), 3)
+  a = jax.random.normal(k[0], (1, 64, 48))
+  b = jax.random.normal(k[1], (1, 48, 32)) if gemm == "forward" else \
+      jax.random.normal(k[1], (1, 64, 32)) * 1e-3
+  keys = (jax.random.fold_in(k[2], 0), k[2], jax.random.fold_in(k[2], 1))
+  # pylint: disable=protected-access
+  assert gemm_operands._splits_together(a, g.lhs, axes[0], False)
+  together = gemm_operands.gemm_operands(a, b, g, axes[0], axes[1], keys, None, True,
+                                         gemm, None, natives=(False, False))
+  if g.hadamard is not None:  # wgrad's RHT first, as gemm_operands applies it
+    a, b = gemm_operands._hadamard_pair(a, b, axes[0][0], axes[1][0], g.hadamard,
+                                        keys[0], g.hadamard_random)
+  alone = (gemm_operands.quantize_operand(a, g.lhs, *axes[0], keys[1], telemetry=True),
+           gemm_operands.quantize_operand(b, g.rhs, *axes[1], keys[2], telemetry=True))
+  chex.assert_trees_all_equal(together, alone)
