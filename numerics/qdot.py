@@ -93,7 +93,7 @@ def _gemm_keys(key):
   """Each GEMM's (Hadamard, lhs, rhs) keys, indexed by FORWARD, DGRAD, WGRAD (None
   without a key): ``fold_in(fold_in(key, g), j)``, as the module docstring says.
 
-  Formed by two batched ``fold_in`` calls (the nine keys, then their three parents):
+  Formed by two batched ``fold_in`` calls (the three parents, then the nine keys):
   the same keys as twelve scalar calls, but each ``fold_in`` is a threefry hash that
   XLA:CPU compiles to a loop of its own (about 130 instructions), and twelve of them
   per quantized matmul were a fifth of an FP4 step's program.
