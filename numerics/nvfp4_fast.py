@@ -86,7 +86,7 @@ def _magnitude_times(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _e4m3_significands() -> tuple[np.ndarray, np.ndarray]:
   """(uint32 significand in [8, 15], int32 exponent) of the E4M3 values of codes
-  1..126 (value = sig * 2^exp; subnormal codes normalized), with (0, 0) for code 0."""
+  1..126 (value = sig * 2^exp; subnormal codes normalized); significand 0 for code 0."""
   code = np.arange(127)
   field, mant = code >> 3, code & 7
   sig = np.where(field == 0, mant, mant | 8)
