@@ -78,8 +78,7 @@ def quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   if op is None:
     return Operand(x)
   key = key if op.rounding.needs_key else None
-  if op.prescale != 1.0:
-    x = x * np.float32(op.prescale)
+  x = _prescaled(x, op)
   if isinstance(op, recipes_lib.DelayedQuant):
     if delayed is None:
       raise ValueError("a delayed-scaling operand needs its state: use "
@@ -119,6 +118,11 @@ def quantize_operand(x: jax.Array, op: recipes_lib.OperandQuant | None,
   return Operand(q, tel)
 
 
+def _prescaled(x: jax.Array, op: recipes_lib.OperandQuant) -> jax.Array:
+  """``x`` times the operand's static-clipping prescale."""
+  return x if op.prescale == 1.0 else x * np.float32(op.prescale)
+
+
 def _clipped(x: jax.Array, op: recipes_lib.OperandQuant, contract_axis: int,
              free_axis: int) -> tuple[jax.Array, jax.Array, quantizer.QuantSpec]:
   """(the operand as quantized, after any RMS clipping; before it; its spec)."""
@@ -149,10 +153,8 @@ def _quantize_together(xs, ops, axes, keys, telemetry: bool, owner
   (:func:`numerics.kernels.quantize_dequantize_split_many`)."""
   ready = []
   for x, op, (contract_axis, free_axis), key in zip(xs, ops, axes, keys):
-    x = x.astype(jnp.float32)
-    if op.prescale != 1.0:
-      x = x * np.float32(op.prescale)
-    ready.append(_clipped(x, op, contract_axis, free_axis)
+    ready.append(_clipped(_prescaled(x.astype(jnp.float32), op), op, contract_axis,
+                          free_axis)
                  + (key if op.rounding.needs_key else None,))
   split = lambda xs, keys: kernels.quantize_dequantize_split_many(
       xs, [r[2] for r in ready], keys)

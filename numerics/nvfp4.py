@@ -176,23 +176,6 @@ def quantize_dequantize_nvfp4(x: jax.Array, *,
                     pad=pad, convention=convention, amax_axis_name=amax_axis_name)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "axes", "blocks", "rounding", "pad", "amax_axis_name"))
-def _qdq_nvfp4_blocks(x, key, *, axes, blocks, rounding, pad, amax_axis_name):
-
-  def run(x, key):
-    xp = block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
-    words = rounding.words(key, xp.shape, shard_of=xp)
-    values, inv_s_enc = nvfp4_fast.nvfp4_te_fast(
-        xp, axes, blocks, rounding=rounding, words=words, dequantize="blocks",
-        amax_axis_name=amax_axis_name)
-    return values[tuple(slice(0, d) for d in x.shape)], inv_s_enc
-
-  return gradients_lib.not_differentiable(
-      run, "quantize_dequantize_nvfp4_blocks",
-      "quantize_dequantize_nvfp4 (straight-through)")(x, key)
-
-
 def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
                                      block_shape: int | Sequence[int] | None = None,
                                      axis: int | Sequence[int] | None = None,
@@ -217,12 +200,14 @@ def quantize_dequantize_nvfp4_blocks(x: jax.Array, *,
   _, (axes, blocks), amax_axis_name = _nvfp4_args(
       x, block_shape, axis, rounding, key, "te", "quantize_dequantize_nvfp4_blocks",
       amax_axis_name)
-  return _qdq_nvfp4_blocks(jnp.asarray(x), key, axes=axes, blocks=blocks,
-                           rounding=rounding, pad=pad, amax_axis_name=amax_axis_name)
+  (out,) = _qdq_nvfp4_blocks_many(
+      [jnp.asarray(x)], [key], configs=((axes, blocks, rounding, pad, amax_axis_name),),
+      name="quantize_dequantize_nvfp4_blocks")
+  return out
 
 
-@functools.partial(jax.jit, static_argnames=("configs",))
-def _qdq_nvfp4_blocks_many(xs, keys, *, configs):
+@functools.partial(jax.jit, static_argnames=("configs", "name"))
+def _qdq_nvfp4_blocks_many(xs, keys, *, configs, name):
 
   def run(xs, keys):
     xps = [block_layout.pad_blocks(x.astype(jnp.float32), axes, blocks, pad)
@@ -235,8 +220,7 @@ def _qdq_nvfp4_blocks_many(xs, keys, *, configs):
             for (v, inv), x in zip(outs, xs)]
 
   return gradients_lib.not_differentiable(
-      run, "quantize_dequantize_nvfp4_blocks_many",
-      "quantize_dequantize_nvfp4 (straight-through)")(xs, keys)
+      run, name, "quantize_dequantize_nvfp4 (straight-through)")(xs, keys)
 
 
 def quantize_dequantize_nvfp4_blocks_many(xs: Sequence[jax.Array],
@@ -269,7 +253,8 @@ def quantize_dequantize_nvfp4_blocks_many(xs: Sequence[jax.Array],
     configs.append((axes, blocks, rounding, bool(opt.get("pad", False)), name))
     keys.append(opt.get("key"))
   return _qdq_nvfp4_blocks_many([jnp.asarray(x) for x in xs], keys,
-                                configs=tuple(configs))
+                                configs=tuple(configs),
+                                name="quantize_dequantize_nvfp4_blocks_many")
 
 
 def nvfp4_grid_multipliers(x: jax.Array, *,

@@ -222,12 +222,18 @@ def nvfp4_te_fast(xp: jax.Array, axes: tuple[int, ...], blocks: tuple[int, ...],
   :func:`numerics.nvfp4_te.tensor_scaled`.
   """
   first = _first_pass(xp, axes, blocks, amax_axis_name)
-  # Materialized: XLA would otherwise copy this scalar chain into every fusion that
-  # reads 1/S_enc, down to the consumers of a GEMM that applies it.
-  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(first.t_amax_bits))
-  table, = _materialize(enc_table(inv_s_enc))
+  s_enc, inv_s_enc, table = _tensor_scales(first.t_amax_bits)
   return _finish(xp, first, s_enc, inv_s_enc, table, rounding=rounding, words=words,
                  dequantize=dequantize)
+
+
+def _tensor_scales(t_amax_bits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(``S_enc``, ``1/S_enc``, the ``enc`` table) of tensor amax bits of any shape,
+  materialized: XLA would otherwise copy this chain into every fusion that reads
+  ``1/S_enc``, down to the consumers of a GEMM that applies it."""
+  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(t_amax_bits))
+  table, = _materialize(enc_table(inv_s_enc))
+  return s_enc, inv_s_enc, table
 
 
 def nvfp4_te_fast_blocks_many(xps: Sequence[jax.Array],
@@ -245,9 +251,7 @@ def nvfp4_te_fast_blocks_many(xps: Sequence[jax.Array],
   """
   firsts = [_first_pass(xp, axes, blocks, name)
             for xp, (axes, blocks), name in zip(xps, layouts, amax_axis_names)]
-  s_enc, inv_s_enc = _materialize(*nvfp4_te.tensor_scale_of_amax(
-      jnp.stack([f.t_amax_bits for f in firsts])))
-  tables, = _materialize(enc_table(inv_s_enc))
+  s_enc, inv_s_enc, tables = _tensor_scales(jnp.stack([f.t_amax_bits for f in firsts]))
   return [_finish(xp, f, s_enc[i], inv_s_enc[i], tables[i], rounding=r, words=w,
                   dequantize="blocks")
           for i, (xp, f, r, w) in enumerate(zip(xps, firsts, roundings, words))]

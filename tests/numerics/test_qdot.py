@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from lowprec import numerics
+from lowprec.numerics import gemm_operands
 from lowprec.numerics import operator_snr
 from lowprec.numerics import outlier_data
 from lowprec.numerics import qdot
@@ -401,7 +402,6 @@ def test_nvfp4_operands_share_a_scale_chain_with_the_same_bits(gemm, axes):
   """A GEMM whose two operands are NVFP4 (te) splits on the jnp path quantizes them
   together (one scale chain, numerics.kernels.quantize_dequantize_split_many): the
   same operands as quantize_operand's one at a time, telemetry included."""
-  from lowprec.numerics import gemm_operands  # pylint: disable=g-import-not-at-top
   recipe = numerics.recipes.get("nvfp4")
   g = getattr(recipe, gemm)
   k = jax.random.split(jax.random.key(2), 3)
